@@ -1,0 +1,168 @@
+"""Releasing the exercises: one source of truth for solutions, then ``nbgrader generate_assignment``.
+
+The functions a learner writes exist once, in the reference modules (``solutions/*.py``, which may
+re-export the library's). The solution cells of a source notebook are *generated* from them: the
+function's signature and docstring, then its body between ``### BEGIN SOLUTION`` and ``### END
+SOLUTION``. nbgrader then replaces each solution region with a stub in the student release.
+
+``attention-release`` (``make release``) syncs the source notebooks and regenerates every release;
+``attention-release --check`` changes nothing and fails when a source notebook or a committed release
+is stale (the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import nbformat
+
+from attention_course.grading.assignments import ASSIGNMENTS, Assignment, course_root
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+def render_solution(function: object) -> str:
+    """The source of a solution cell for ``function``: signature and docstring, then the marked body.
+
+    Raises:
+        ValueError: if ``function`` has no docstring (the learner's task is stated there).
+    """
+    source = textwrap.dedent(inspect.getsource(function))  # type: ignore[arg-type]
+    definition = ast.parse(source).body[0]
+    if not (
+        isinstance(definition, ast.FunctionDef)
+        and definition.body
+        and isinstance(definition.body[0], ast.Expr)
+        and isinstance(definition.body[0].value, ast.Constant)
+        and isinstance(definition.body[0].value.value, str)
+    ):
+        raise ValueError(f"{function!r} needs a docstring: it is the learner's statement of the task")
+    lines = source.rstrip().splitlines()
+    docstring_end = definition.body[0].end_lineno  # 1-based line of the docstring's last line
+    assert docstring_end is not None
+    header, body = lines[:docstring_end], lines[docstring_end:]
+    return "\n".join([*header, f"    {BEGIN}", *body, f"    {END}"])
+
+
+def _defined_function(cell_source: str) -> str | None:
+    try:
+        tree = ast.parse(cell_source)
+    except SyntaxError:
+        return None
+    names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    return names[0] if len(names) == 1 else None
+
+
+def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The source notebook with every solution cell regenerated from the reference module.
+
+    Returns:
+        The notebook and the names of the functions whose cells changed.
+
+    Raises:
+        ValueError: if a solution code cell does not define exactly one function of the reference module.
+    """
+    module = importlib.import_module(assignment.reference_module)
+    notebook = nbformat.read(assignment.source(root), as_version=4)
+    changed = []
+    for cell in notebook.cells:
+        metadata = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code" or not metadata.get("solution") or metadata.get("grade"):
+            continue
+        name = _defined_function(cell.source)
+        if name is None or not hasattr(module, name):
+            raise ValueError(
+                f"solution cell {metadata.get('grade_id')!r} of {assignment.id} must define exactly one "
+                f"function of {assignment.reference_module}"
+            )
+        rendered = render_solution(getattr(module, name))
+        if cell.source != rendered:
+            cell.source = rendered
+            changed.append(name)
+    return notebook, changed
+
+
+def generate(assignment: Assignment, root: Path, *, database: bool = True) -> None:
+    """Run ``nbgrader generate_assignment <id> --force`` in the course directory ``root``."""
+    command = [sys.executable, "-m", "nbgrader", "generate_assignment", assignment.id, "--force"]
+    if not database:
+        command.append("--no-db")
+    # nbgrader runs `alembic` to create its database: find it beside this Python, venv or not
+    environment = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    result = subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"nbgrader generate_assignment {assignment.id} failed:\n{result.stdout}{result.stderr}"
+        )
+
+
+def stale_releases(assignments: Sequence[Assignment], root: Path) -> list[str]:
+    """Regenerate the releases in a temporary course directory and list those that differ from ``root``'s."""
+    stale = []
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch_root = Path(scratch)
+        shutil.copy(root / "nbgrader_config.py", scratch_root)
+        for assignment in assignments:
+            assignment.source(scratch_root).parent.mkdir(parents=True)
+            shutil.copy(assignment.source(root), assignment.source(scratch_root))
+            generate(assignment, scratch_root, database=False)
+            fresh = json.loads(assignment.release(scratch_root).read_text())
+            committed_path = assignment.release(root)
+            committed = json.loads(committed_path.read_text()) if committed_path.exists() else None
+            if fresh != committed:
+                stale.append(assignment.id)
+    return stale
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``attention-release [--check] [ASSIGNMENT ...]``."""
+    parser = argparse.ArgumentParser(prog="attention-release", description=__doc__.split("\n\n")[0])
+    parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if a source notebook or release is stale"
+    )
+    arguments = parser.parse_args(argv)
+    root = course_root()
+    unknown = [name for name in arguments.assignments if name not in ASSIGNMENTS]
+    if unknown:
+        parser.error(f"unknown assignment(s) {unknown}; known: {sorted(ASSIGNMENTS)}")
+    chosen = [ASSIGNMENTS[name] for name in arguments.assignments or ASSIGNMENTS]
+    problems = []
+    for assignment in chosen:
+        notebook, changed = synced_notebook(assignment, root)
+        if changed and arguments.check:
+            problems.append(f"{assignment.source(root)}: solution cells differ from the reference: {changed}")
+        elif changed:
+            nbformat.write(notebook, assignment.source(root))
+            print(f"synced {', '.join(changed)} into {assignment.source(root).relative_to(root)}")
+    if arguments.check:
+        problems += [
+            f"{ASSIGNMENTS[name].release(root)} is stale: run `make release`"
+            for name in stale_releases(chosen, root)
+        ]
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
+    for assignment in chosen:
+        generate(assignment, root)
+        print(f"released {assignment.release(root).relative_to(root)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
