@@ -38,7 +38,7 @@ from rich.table import Table
 
 from attention_course.grading.assignments import ASSIGNMENTS, course_root
 from attention_course.grading.notebooks import CellResult, master_notebook, prepare, score
-from attention_course.grading.worker import KERNEL_DIED_EXIT
+from attention_course.grading.worker import GAVE_UP_EXIT
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,9 @@ class SubmissionResult:
 
     student: str
     path: str
-    status: str  # "graded", "timeout" (killed at the submission time limit), "kernel died", "unreadable"
+    # "graded", "graded after restarts" (a cell killed or wedged its kernel), "gave up" (too many restarts),
+    # "timeout" (killed at the submission's time limit), "unreadable", "worker failed"
+    status: str
     seconds: float
     cells: list[CellResult] = field(default_factory=list)
     message: str = ""
@@ -156,9 +158,12 @@ def grade_one(
                 shutil.copy(extra, work)
         prepared_path, output_path = work / path.name, work / f"{path.stem}.executed.ipynb"
         nbformat.write(prepared, prepared_path)
+        # hidden tests import the reference package `solutions`: from the course directory when it holds
+        # it, otherwise from the installed project (a bare solutions/ folder would shadow that one)
+        importable = [str(root)] if (root / "solutions" / "__init__.py").is_file() else []
         environment = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join([*importable, *filter(None, [os.environ.get("PYTHONPATH")])]),
             "NBGRADER_EXECUTION": "autograde",
             "MPLBACKEND": "Agg",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -188,20 +193,26 @@ def grade_one(
             _kill_tree(process.pid)
             process.communicate()
             status = "timeout"
-            stopped = f"the submission was stopped at its time limit of {limits.timeout} s"
-            message = stopped
+            stopped = message = f"the submission was stopped at its time limit of {limits.timeout} s"
         else:
-            if process.returncode == KERNEL_DIED_EXIT:
+            if process.returncode == GAVE_UP_EXIT:
                 status, message = (
-                    "kernel died",
-                    "the kernel died (memory limit or crash); later cells did not run",
+                    "gave up",
+                    "the kernel had to be replaced too often; later cells did not run",
                 )
             elif process.returncode != 0:
                 status = "worker failed"
                 tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
-                message = f"the grading worker failed (exit {process.returncode}): {' / '.join(tail)}"
-                stopped = message
+                stopped = message = (
+                    f"the grading worker failed (exit {process.returncode}): {' / '.join(tail)}"
+                )
         executed = nbformat.read(output_path, as_version=4) if output_path.exists() else prepared
+    restarts = executed.metadata.get("attention_grade", {}).get("restarts", [])
+    if restarts and status == "graded":
+        status = "graded after restarts"
+        message = "a new kernel was started after " + ", ".join(
+            f"cell {r['cell']} ({r['reason']})" for r in restarts
+        )
     cells = score(executed, master, stopped=stopped)
     return SubmissionResult(student, str(path), status, time.monotonic() - start, cells, message)
 

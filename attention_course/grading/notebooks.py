@@ -224,7 +224,7 @@ def score(executed: NotebookNode, master: NotebookNode, *, stopped: str | None =
     cells = {
         _grade_id(cell): (index, cell) for index, cell in enumerate(executed.cells) if utils.is_grade(cell)
     }
-    died_after = executed.metadata.get("attention_grade", {}).get("kernel_died_after_cell")
+    gave_up_after = executed.metadata.get("attention_grade", {}).get("gave_up_after_cell")
     results = []
     for source in master.cells:
         if not utils.is_grade(source):
@@ -244,16 +244,17 @@ def score(executed: NotebookNode, master: NotebookNode, *, stopped: str | None =
             continue
         ran = cell.get("execution_count") is not None or bool(cell.get("outputs"))
         if not ran:
-            if died_after is not None and index > died_after:
-                reason = "the kernel died (memory limit or crash) before this cell finished"
+            if gave_up_after is not None and index > gave_up_after:
+                reason = "grading stopped after the kernel had to be replaced too often"
             else:
                 reason = stopped or "the cell did not run"
             results.append(CellResult(grade_id, kind, 0.0, max_points, "not run", reason))
             continue
         errors = [o for o in cell.outputs if o.output_type == "error"]
         stderr = [o for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"]
-        if errors and errors[0].get("ename") == "CellTimeoutError":
-            status, message = "timeout", "the cell ran past its time limit and was interrupted"
+        if errors and errors[0].get("ename") in ("CellTimeoutError", "KeyboardInterrupt"):
+            status = "timeout"
+            message = "the cell ran past its time limit and was interrupted: " + _error_text(errors[-1])
         elif errors:
             status = "failed"
             message = _explain_name_error(_error_text(errors[0]), executed, master)

@@ -1,17 +1,22 @@
 """Execute one prepared submission, in a process of its own, as nbgrader's ``Execute`` preprocessor does.
 
 ``python -m attention_course.grading.worker PREPARED OUTPUT --cell-timeout 30`` runs every code cell of
-``PREPARED`` in a fresh kernel with nbclient, and rewrites ``OUTPUT`` after each cell, so that whatever
-ran before a crash or a time limit can still be graded. The settings are nbgrader's: errors do not stop
-execution, a cell that runs past its time limit is interrupted and gets a ``CellTimeoutError`` output.
+``PREPARED`` in a fresh kernel with nbclient and rewrites ``OUTPUT`` after each cell, so that whatever ran
+before a crash or a time limit can still be graded. The settings are nbgrader's: errors do not stop
+execution, and a cell that runs past its time limit is interrupted and gets an error output.
 
-The parent (``attention_course.grading.cli``) starts this process with memory limits and kills it, with
-its kernel, when the submission's time is up. Exit status: 0 when every cell ran, 3 when the kernel died.
+Where nbgrader would give up on the whole submission, this worker recovers: when a cell kills its kernel
+(a crash, ``os._exit``) or cannot be interrupted (a loop that swallows ``KeyboardInterrupt``), the cell
+gets an error output, the kernel is replaced, the definitions that ran before are replayed, and execution
+goes on with the next cell. After ``--max-restarts`` such recoveries it stops. The parent
+(``attention_course.grading.cli``) applies the memory limit and kills the whole process tree when the
+submission's own time limit is up.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import resource
 from pathlib import Path
@@ -19,7 +24,7 @@ from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 
 #: what nbgrader records for a cell that times out (nbgrader.preprocessors.Execute.error_on_timeout)
@@ -28,7 +33,9 @@ TIMEOUT_ERROR = {
     "evalue": "",
     "traceback": ["\x1b[0;31mCellTimeoutError\x1b[0m: No reply from kernel before timeout"],
 }
-KERNEL_DIED_EXIT = 3
+GAVE_UP_EXIT = 3
+#: errors after which a cell is not replayed into a new kernel (it would only fail the same way again)
+_UNREPLAYABLE = {"KeyboardInterrupt", "CellTimeoutError", "DeadKernelError"}
 
 
 def _write(notebook: NotebookNode, path: Path) -> None:
@@ -54,36 +61,93 @@ def _record_reply_error(cell: NotebookNode, reply: dict[str, Any]) -> None:
     )
 
 
-def execute(prepared: Path, output: Path, cell_timeout: int) -> int:
+def _is_graded(cell: NotebookNode) -> bool:
+    return bool(cell.metadata.get("nbgrader", {}).get("grade"))
+
+
+def _replayable(cell: NotebookNode) -> bool:
+    errors = {o.get("ename") for o in cell.get("outputs", []) if o.output_type == "error"}
+    return (
+        cell.cell_type == "code"
+        and cell.source.strip() != ""
+        and not _is_graded(cell)
+        and not errors & _UNREPLAYABLE
+    )
+
+
+def execute(prepared: Path, output: Path, cell_timeout: int, max_restarts: int = 3) -> int:
     """Execute ``prepared`` in its own folder, writing progress to ``output``; return the exit status."""
     notebook = nbformat.read(prepared, as_version=4)
-    completed = [-1]  # index of the last cell that finished
+    replaying = [False]
 
     def on_cell_executed(cell: NotebookNode, cell_index: int, execute_reply: dict[str, Any]) -> None:
+        if replaying[0]:
+            return
         _record_reply_error(cell, execute_reply)
         notebook.cells[cell_index] = cell
-        completed[0] = cell_index
         _write(notebook, output)
 
-    client = NotebookClient(
-        notebook,
-        timeout=cell_timeout,
-        interrupt_on_timeout=True,
-        error_on_timeout=TIMEOUT_ERROR,
-        allow_errors=True,
-        raise_on_iopub_timeout=True,
-        kernel_name=notebook.metadata.get("kernelspec", {}).get("name", "python3"),
-        extra_arguments=["--HistoryManager.hist_file=:memory:"],
-        resources={"metadata": {"path": str(prepared.parent)}},
-        on_cell_executed=on_cell_executed,
-    )
+    restarts: list[dict[str, Any]] = []
+    start = 0
     _write(notebook, output)
-    try:
-        client.execute()
-    except DeadKernelError:
-        notebook.metadata["attention_grade"] = {"kernel_died_after_cell": completed[0]}
+    while True:
+        client = NotebookClient(
+            notebook,
+            timeout=cell_timeout,
+            interrupt_on_timeout=True,
+            error_on_timeout=TIMEOUT_ERROR,
+            allow_errors=True,
+            raise_on_iopub_timeout=True,
+            shutdown_kernel="immediate",
+            kernel_name=notebook.metadata.get("kernelspec", {}).get("name", "python3"),
+            extra_arguments=["--HistoryManager.hist_file=:memory:"],
+            resources={"metadata": {"path": str(prepared.parent)}},
+            on_cell_executed=on_cell_executed,
+        )
+        stopped: tuple[int, Exception] | None = None
+        with client.setup_kernel():
+            assert client.kc is not None
+            client.wait_for_reply(client.kc.kernel_info())
+            # a new kernel after a recovery: replay the definitions that ran before, keeping their outputs
+            replaying[0] = True
+            for index in (i for i in range(start) if _replayable(notebook.cells[i])):
+                original = notebook.cells[index]
+                try:
+                    client.execute_cell(copy.deepcopy(original), index)
+                except (CellTimeoutError, DeadKernelError):
+                    pass  # it fails the same way again: the cells that need it will say so
+                notebook.cells[index] = original
+            replaying[0] = False
+            for index in range(start, len(notebook.cells)):
+                try:
+                    client.execute_cell(notebook.cells[index], index)
+                except (CellTimeoutError, DeadKernelError) as error:
+                    stopped = (index, error)
+                    break
+        if stopped is None:
+            break
+        index, error = stopped
+        cell = notebook.cells[index]
+        if isinstance(error, DeadKernelError):
+            ename, evalue = (
+                "DeadKernelError",
+                "the kernel died while running this cell (memory limit or a crash)",
+            )
+        else:
+            ename, evalue = (
+                "CellTimeoutError",
+                f"the cell ran past {cell_timeout} s and could not be interrupted",
+            )
+        evalue += "; a new kernel ran the cells after it"
+        cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[]))
+        restarts.append({"cell": index, "reason": ename})
+        notebook.metadata["attention_grade"] = {"restarts": restarts}
+        start = index + 1
+        if len(restarts) > max_restarts:
+            notebook.metadata["attention_grade"]["gave_up_after_cell"] = index
+            _write(notebook, output)
+            return GAVE_UP_EXIT
         _write(notebook, output)
-        return KERNEL_DIED_EXIT
     _write(notebook, output)
     return 0
 
@@ -94,6 +158,7 @@ def main() -> int:
     parser.add_argument("prepared", type=Path)
     parser.add_argument("output", type=Path)
     parser.add_argument("--cell-timeout", type=int, default=30)
+    parser.add_argument("--max-restarts", type=int, default=3)
     parser.add_argument(
         "--memory", type=int, default=0, help="MiB of data memory for this process and its kernel"
     )
@@ -101,7 +166,8 @@ def main() -> int:
     if arguments.memory > 0:  # RLIMIT_DATA: allocations beyond it fail (MemoryError) instead of swapping;
         limit = arguments.memory * 2**20  # the kernel inherits it. Address-space reservations do not count.
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    return execute(arguments.prepared.resolve(), arguments.output.resolve(), arguments.cell_timeout)
+    prepared, output = arguments.prepared.resolve(), arguments.output.resolve()
+    return execute(prepared, output, arguments.cell_timeout, arguments.max_restarts)
 
 
 if __name__ == "__main__":

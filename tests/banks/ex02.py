@@ -4,8 +4,9 @@ Each function is self-contained (it uses only ``torch`` and ``math``), so that i
 pasted into a notebook as a submission. The name is ``<function>__<variant>``; the part before ``__``
 is the function of the exercise it stands for.
 
-``WRONG`` maps each wrong implementation to the checks that must reject it and a fragment of the hint
-each must give. ``RIGHT`` lists correct implementations in other styles that every check must accept.
+``WRONG`` maps each wrong implementation to the test cells (by nbgrader grade id) that must reject it,
+with a fragment of the message each must give. ``RIGHT`` lists correct implementations in other styles
+that every test cell must accept.
 """
 
 import math
@@ -356,62 +357,62 @@ def dot_product_variance__float32_unbiased(d_k, n_samples, scaled=False, generat
 
 
 # ----------------------------------------------------------------------------------------------------
-# what each wrong implementation must trigger: {check name: fragment of the expected message}
+# what each wrong implementation must trigger: {grade id of a test cell: fragment of its message}
 
 WRONG = {
-    softmax__no_max_shift: {"check_softmax_is_stable": "exp(1000) is inf in float32"},
-    softmax__global_max: {"check_softmax_is_stable": "not the max of the whole tensor"},
+    softmax__no_max_shift: {"softmax_is_stable": "exp(1000) is inf in float32"},
+    softmax__global_max: {"softmax_is_stable": "not the max of the whole tensor"},
     softmax__ignores_dim: {
-        "check_softmax_sums_to_one": "sums to 1 along axis 2, not along dim=1",
-        "check_softmax_matches_torch": "runs over axis 2 while dim=1",
+        "softmax_sums_to_one": "sums to 1 along axis 2, not along dim=1",
+        "softmax_matches_torch": "runs over axis 2 while dim=1",
     },
-    softmax__sum_over_everything: {"check_softmax_sums_to_one": "the whole tensor sums to 1"},
-    softmax__no_keepdim: {"check_softmax_sums_to_one": "keepdim=True"},
+    softmax__sum_over_everything: {"softmax_sums_to_one": "the whole tensor sums to 1"},
+    softmax__no_keepdim: {"softmax_sums_to_one": "keepdim=True"},
     softmax__returns_log_probabilities: {
-        "check_softmax_sums_to_one": "negative values",
-        "check_softmax_matches_torch": "log-probabilities",
+        "softmax_sums_to_one": "negative values",
+        "softmax_matches_torch": "log-probabilities",
     },
     softmax__not_normalised: {
-        "check_softmax_sums_to_one": "divided by their sum",
-        "check_softmax_matches_torch": "not divided by their sum",
+        "softmax_sums_to_one": "divided by their sum",
+        "softmax_matches_torch": "not divided by their sum",
     },
-    softmax__in_place_shift: {"check_softmax_sums_to_one": "modified its argument `x` in place"},
-    softmax__always_float32: {"check_softmax_matches_torch": "has dtype torch.float32, expected torch.float64"},
-    softmax__torch_softmax: {"check_softmax_from_scratch": "calls torch.softmax"},
-    softmax__functional_softmax: {"check_softmax_from_scratch": "torch.nn.functional.softmax"},
-    softmax__log_softmax_exp: {"check_softmax_from_scratch": "log_softmax"},
-    softmax__builtin_for_half_only: {"softmax_from_scratch_everywhere": "calls softmax"},
-    scaled_dot_product_attention__no_scale: {"check_sdpa_matches_builtin": "the scores are not scaled"},
-    scaled_dot_product_attention__scale_by_d_k: {"check_sdpa_matches_builtin": "divided by d_k"},
-    scaled_dot_product_attention__scale_by_d_v: {"check_sdpa_matches_builtin": "sqrt(d_v)"},
-    scaled_dot_product_attention__softmax_over_queries: {"check_sdpa_matches_builtin": "over the query axis"},
-    scaled_dot_product_attention__scale_after_softmax: {"check_sdpa_matches_builtin": "after the softmax"},
-    scaled_dot_product_attention__key_dot_T: {"check_sdpa_shapes": "key.transpose(-2, -1)"},
-    scaled_dot_product_attention__key_transpose_0_1: {"check_sdpa_shapes": "key.transpose(-2, -1)"},
-    scaled_dot_product_attention__mask_inverted: {"check_sdpa_mask": "the mask is inverted"},
-    scaled_dot_product_attention__mask_after_softmax: {"check_sdpa_mask": "applied after the softmax"},
-    scaled_dot_product_attention__mask_ignored: {"check_sdpa_mask": "the mask is ignored"},
-    scaled_dot_product_attention__mask_fills_zero: {"check_sdpa_mask": "set to 0 instead of -inf"},
-    scaled_dot_product_attention__fill_minus_1e9: {"check_sdpa_dtype_and_inputs": "does not fit in float16"},
+    softmax__in_place_shift: {"softmax_sums_to_one": "modified its argument `x` in place"},
+    softmax__always_float32: {"softmax_matches_torch": "has dtype torch.float32, expected torch.float64"},
+    softmax__torch_softmax: {"softmax_from_scratch": "calls torch.softmax"},
+    softmax__functional_softmax: {"softmax_from_scratch": "torch.nn.functional.softmax"},
+    softmax__log_softmax_exp: {"softmax_from_scratch": "log_softmax"},
+    softmax__builtin_for_half_only: {"softmax_from_scratch": "calls softmax"},
+    scaled_dot_product_attention__no_scale: {"sdpa_matches_builtin": "the scores are not scaled"},
+    scaled_dot_product_attention__scale_by_d_k: {"sdpa_matches_builtin": "divided by d_k"},
+    scaled_dot_product_attention__scale_by_d_v: {"sdpa_matches_builtin": "sqrt(d_v)"},
+    scaled_dot_product_attention__softmax_over_queries: {"sdpa_matches_builtin": "over the query axis"},
+    scaled_dot_product_attention__scale_after_softmax: {"sdpa_matches_builtin": "after the softmax"},
+    scaled_dot_product_attention__key_dot_T: {"sdpa_shapes": "key.transpose(-2, -1)"},
+    scaled_dot_product_attention__key_transpose_0_1: {"sdpa_shapes": "key.transpose(-2, -1)"},
+    scaled_dot_product_attention__mask_inverted: {"sdpa_mask": "the mask is inverted"},
+    scaled_dot_product_attention__mask_after_softmax: {"sdpa_mask": "applied after the softmax"},
+    scaled_dot_product_attention__mask_ignored: {"sdpa_mask": "the mask is ignored"},
+    scaled_dot_product_attention__mask_fills_zero: {"sdpa_mask": "set to 0 instead of -inf"},
+    scaled_dot_product_attention__fill_minus_1e9: {"sdpa_dtype_and_inputs": "does not fit in float16"},
     scaled_dot_product_attention__scales_query_in_place: {
-        "check_sdpa_shapes": "modified its argument `query` in place"
+        "sdpa_shapes": "modified its argument `query` in place"
     },
-    scaled_dot_product_attention__always_float32: {"check_sdpa_dtype_and_inputs": "expected torch.float64"},
-    scaled_dot_product_attention__returns_weights_first: {"check_sdpa_shapes": "return (output, weights)"},
-    scaled_dot_product_attention__returns_output_only: {"check_sdpa_shapes": "should return a tuple"},
-    scaled_dot_product_attention__weights_times_key: {"check_sdpa_shapes": "multiply the weights by the values"},
-    scaled_dot_product_attention__key_times_query: {"check_sdpa_shapes": "the scores are query @ key^T"},
-    scaled_dot_product_attention__builtin_output: {"check_sdpa_from_scratch": "scaled_dot_product_attention"},
-    dot_product_variance__theory_typed_in: {"check_variance_is_estimate": "whatever the generator's seed"},
-    dot_product_variance__ignores_scaled: {"check_variance_scaled": "the scaled flag is ignored"},
-    dot_product_variance__scales_by_d_k: {"check_variance_scaled": "divided by d_k"},
-    dot_product_variance__variance_of_components: {"check_variance_unscaled": "variance of one component"},
-    dot_product_variance__mean_not_variance: {"check_variance_unscaled": "like a mean"},
-    dot_product_variance__uniform_samples: {"check_variance_unscaled": "uniform"},
-    dot_product_variance__sums_over_samples: {"check_variance_unscaled": "over the samples"},
-    dot_product_variance__ignores_generator: {"check_variance_is_estimate": "ignore the generator"},
-    dot_product_variance__only_100_samples: {"check_variance_is_estimate": "exactly n_samples"},
-    dot_product_variance__theory_plus_noise: {"check_variance_is_estimate": "times the"},
+    scaled_dot_product_attention__always_float32: {"sdpa_dtype_and_inputs": "expected torch.float64"},
+    scaled_dot_product_attention__returns_weights_first: {"sdpa_shapes": "return (output, weights)"},
+    scaled_dot_product_attention__returns_output_only: {"sdpa_shapes": "should return a tuple"},
+    scaled_dot_product_attention__weights_times_key: {"sdpa_shapes": "multiply the weights by the values"},
+    scaled_dot_product_attention__key_times_query: {"sdpa_shapes": "the scores are query @ key^T"},
+    scaled_dot_product_attention__builtin_output: {"sdpa_from_scratch": "scaled_dot_product_attention"},
+    dot_product_variance__theory_typed_in: {"variance_is_estimate": "whatever the generator's seed"},
+    dot_product_variance__ignores_scaled: {"variance_scaled": "the scaled flag is ignored"},
+    dot_product_variance__scales_by_d_k: {"variance_scaled": "divided by d_k"},
+    dot_product_variance__variance_of_components: {"variance_unscaled": "variance of one component"},
+    dot_product_variance__mean_not_variance: {"variance_unscaled": "like a mean"},
+    dot_product_variance__uniform_samples: {"variance_unscaled": "uniform"},
+    dot_product_variance__sums_over_samples: {"variance_unscaled": "over the samples"},
+    dot_product_variance__ignores_generator: {"variance_is_estimate": "ignore the generator"},
+    dot_product_variance__only_100_samples: {"variance_is_estimate": "exactly n_samples"},
+    dot_product_variance__theory_plus_noise: {"variance_is_estimate": "times the"},
 }
 
 RIGHT = [

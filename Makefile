@@ -1,0 +1,44 @@
+# The course's verbs. Each is one line over a real tool; all of them set up .venv first if needed.
+#   make book      build the HTML book into _build/html, every chapter executed (warnings are errors)
+#   make test      run every test (reference, checks, nbgrader round trip, grader, chapters, book build)
+#   make release   regenerate the student notebooks in exercises/ from solutions/ (nbgrader)
+#   make grade     grade a folder of submissions: make grade ASSIGNMENT=ex02_scaled_dot_product SUBMISSIONS=submitted
+#   make lint      ruff check and format check
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The default set-up installs the CPU build of torch 2.13; a torch already in the venv (say a CUDA build
+# you installed first) is kept. Elsewhere than on PyPI mirrors that serve the CPU build, set
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+ASSIGNMENT ?= ex02_scaled_dot_product
+SUBMISSIONS ?= submitted
+
+.PHONY: book test release grade lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
+	$(BIN)/pip install -e ".[dev]"
+	touch $@
+
+book: $(VENV)/.installed
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "The book is in _build/html: open _build/html/index.html in a browser."
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest
+
+release: $(VENV)/.installed
+	PATH="$(BIN):$$PATH" $(BIN)/attention-release
+
+grade: $(VENV)/.installed
+	$(BIN)/attention-grade $(ASSIGNMENT) $(SUBMISSIONS)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf _build grading-report .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,214 @@
+"""The nbgrader round trip, and the course's grader against it.
+
+In a scratch course directory: ``nbgrader generate_assignment``, then ``nbgrader autograde`` of a solved
+submission, the blank release, buggy submissions (one wrong function from the bank each), and
+submissions that deleted or edited a test cell or print to stderr. Each gets the points expected, and
+``attention-grade`` gives the same points, cell by cell. ``nbgrader validate`` passes on every source
+notebook, and ``nbgrader validate --invert`` finds that no test cell of a release passes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attention_course.checks._harness import CheckFailure
+from attention_course.grading.assignments import ASSIGNMENTS
+from attention_course.grading.cli import Limits, grade
+from tests.notebook_tools import ROOT, Exercise, fill_solutions, function_of, load_exercise, run_cell
+
+pytestmark = pytest.mark.slow
+PRESENT = [name for name, assignment in sorted(ASSIGNMENTS.items()) if assignment.source(ROOT).exists()]
+ENVIRONMENT = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+WRITTEN_ANSWER = "Because the queries come from the target, which is generated left to right..."
+
+
+def nbgrader(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nbgrader", *arguments],
+        cwd=cwd,
+        env=ENVIRONMENT,
+        capture_output=True,
+        text=True,
+    )
+
+
+@dataclass
+class Submission:
+    student: str
+    notebook: nbformat.NotebookNode
+    expected: dict[str, float | None]  # grade id -> points (None: waiting for manual grading)
+
+
+def _source(function) -> str:
+    return textwrap.dedent(inspect.getsource(function))
+
+
+def _expected_by_running(exercise: Exercise, implementations: dict) -> dict[str, float]:
+    """Points of each test cell when its code runs in this process with ``implementations`` (the oracle)."""
+    points = {}
+    for cell in exercise.tests:
+        try:
+            run_cell(exercise, cell.full, {cell.function: implementations[cell.function]})
+        except CheckFailure:
+            points[cell.grade_id] = 0.0
+        else:
+            points[cell.grade_id] = cell.points
+    return points
+
+
+def _answer_written_answers(notebook: nbformat.NotebookNode) -> None:
+    for cell in notebook.cells:
+        nbgrader_metadata = cell.metadata.get("nbgrader", {})
+        if (
+            cell.cell_type == "markdown"
+            and nbgrader_metadata.get("solution")
+            and nbgrader_metadata.get("grade")
+        ):
+            cell.source = WRITTEN_ANSWER
+
+
+def submissions(exercise: Exercise) -> list[Submission]:
+    """The submissions of the round trip, each with the points it must get."""
+    release = exercise.release_notebook()
+    references = {name: getattr(exercise.reference, name) for name in exercise.functions}
+    right_sources = {name: _source(function) for name, function in references.items()}
+    manual = [
+        c.metadata.nbgrader["grade_id"]
+        for c in release.cells
+        if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("grade")
+    ]
+    full = {cell.grade_id: cell.points for cell in exercise.tests}
+
+    solved = fill_solutions(release, right_sources)
+    _answer_written_answers(solved)
+    result = [
+        Submission("solved", solved, {**full, **dict.fromkeys(manual)}),
+        Submission("blank", release, {**dict.fromkeys(full, 0.0), **dict.fromkeys(manual, 0.0)}),
+    ]
+    # one wrong function per submission: the first wrong implementation of each function in the bank
+    seen: set[str] = set()
+    for implementation, listed in exercise.bank.WRONG.items():
+        name = function_of(implementation)
+        if name in seen:
+            continue
+        seen.add(name)
+        expected = _expected_by_running(exercise, {**references, name: implementation})
+        assert all(expected[grade_id] == 0 for grade_id in listed)  # the bank agrees with the oracle
+        sources = {
+            **right_sources,
+            name: _source(implementation).replace(f"def {implementation.__name__}(", f"def {name}("),
+        }
+        result.append(
+            Submission(
+                f"buggy-{name}", fill_solutions(release, sources), {**expected, **dict.fromkeys(manual, 0.0)}
+            )
+        )
+    # a deleted test cell and an edited one come back from the source, hidden tests included
+    deleted = nbformat.from_dict(solved)
+    first_test = exercise.tests[0].grade_id
+    deleted.cells = [c for c in deleted.cells if c.metadata.get("nbgrader", {}).get("grade_id") != first_test]
+    result.append(Submission("deleted-test-cell", deleted, {**full, **dict.fromkeys(manual)}))
+    edited = nbformat.from_dict(solved)
+    for cell in edited.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade") and cell.cell_type == "code":
+            cell.source = "pass  # the learner emptied this test"
+    result.append(Submission("edited-test-cells", edited, {**full, **dict.fromkeys(manual)}))
+    # a function that prints to stderr: nbgrader gives 0 to every test cell that shows it
+    chatty_name = exercise.functions[-1]  # no other function calls the last one
+    lines = right_sources[chatty_name].splitlines()
+    docstring_end = max(i for i, line in enumerate(lines) if line.strip().endswith('"""'))
+    lines.insert(docstring_end + 1, '    print("debugging", file=__import__("sys").stderr)')
+    chatty = fill_solutions(release, {**right_sources, chatty_name: "\n".join(lines)})
+    _answer_written_answers(chatty)
+    chatty_expected = {
+        cell.grade_id: (0.0 if cell.function == chatty_name else cell.points) for cell in exercise.tests
+    }
+    result.append(Submission("prints-to-stderr", chatty, {**chatty_expected, **dict.fromkeys(manual)}))
+    return result
+
+
+@pytest.fixture(scope="module", params=PRESENT)
+def round_trip(request, tmp_path_factory):
+    """Grade the submissions of one assignment with nbgrader and with attention-grade."""
+    assignment = request.param
+    exercise = load_exercise(assignment)
+    course = tmp_path_factory.mktemp(assignment)
+    shutil.copy(ROOT / "nbgrader_config.py", course)
+    source = ASSIGNMENTS[assignment].source(course)
+    source.parent.mkdir(parents=True)
+    shutil.copy(ASSIGNMENTS[assignment].source(ROOT), source)
+    generated = nbgrader("generate_assignment", assignment, "--force", cwd=course)
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    cases = submissions(exercise)
+    paths = {}
+    for case in cases:
+        path = course / "submitted" / case.student / assignment / f"{assignment}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(case.notebook, path)
+        paths[case.student] = path
+    autograded = nbgrader("autograde", assignment, "--force", cwd=course)
+    assert autograded.returncode == 0, autograded.stdout + autograded.stderr
+
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id="attention-course") as gradebook:
+        by_nbgrader = {
+            case.student: {
+                g.name: g.auto_score
+                for g in gradebook.find_submission_notebook(assignment, assignment, case.student).grades
+            }
+            for case in cases
+        }
+    ours = grade(assignment, paths, root=course, limits=Limits(), jobs=2)
+    by_us = {result.student: {cell.grade_id: cell.points for cell in result.cells} for result in ours}
+    return cases, by_nbgrader, by_us, {result.student: result for result in ours}
+
+
+def test_nbgrader_gives_the_expected_points(round_trip):
+    cases, by_nbgrader, _, _ = round_trip
+    for case in cases:
+        assert by_nbgrader[case.student] == case.expected, case.student
+
+
+def test_the_course_grader_agrees_with_nbgrader(round_trip):
+    cases, by_nbgrader, by_us, _ = round_trip
+    for case in cases:
+        assert by_us[case.student] == by_nbgrader[case.student], case.student
+
+
+def test_the_course_grader_explains_failures(round_trip):
+    _, _, _, results = round_trip
+    for result in results.values():
+        assert result.status == "graded"
+        for cell in result.cells:
+            if cell.kind == "auto" and cell.points == 0:
+                assert cell.message, f"{result.student}/{cell.grade_id} failed without a message"
+    blank = results["blank"]
+    assert all("not implemented yet" in c.message for c in blank.cells if c.kind == "auto")
+    assert all("stderr" in c.message for c in results["prints-to-stderr"].cells if c.points == 0)
+
+
+@pytest.mark.parametrize("assignment", PRESENT)
+def test_nbgrader_validate_passes_on_the_source(assignment):
+    validated = nbgrader("validate", str(ASSIGNMENTS[assignment].source(ROOT)), cwd=ROOT)
+    assert "Success! Your notebook passes all the tests." in validated.stdout, (
+        validated.stdout + validated.stderr
+    )
+
+
+@pytest.mark.parametrize("assignment", PRESENT)
+def test_nbgrader_validate_invert_fails_every_test_cell_of_the_release(assignment):
+    validated = nbgrader("validate", "--invert", str(ASSIGNMENTS[assignment].release(ROOT)), cwd=ROOT)
+    assert "Success! The notebook does not pass any tests." in validated.stdout, (
+        validated.stdout + validated.stderr
+    )

@@ -1,0 +1,305 @@
+"""The reference solutions against PyTorch's built-ins, on the CPU and (marker ``gpu``) on CUDA.
+
+Shapes have a different size on every axis, so that a transposed or swapped axis cannot pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attention_course.device import seeded_generator
+from solutions import attention, masks, pooling
+
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+# tolerances on the CPU (seed-errata C4) and, against a float64 reference, on the GPU
+CPU_ATOL = {torch.float64: 1e-12, torch.float32: 1e-6}
+GPU_ATOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5}
+
+
+def randn(*shape: int, seed: int, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    return torch.randn(*shape, generator=seeded_generator(seed), dtype=torch.float64).to(device, dtype)
+
+
+def mask_with_a_key_per_row(*shape: int, seed: int, device="cpu") -> torch.Tensor:
+    generator = seeded_generator(seed)
+    mask = torch.rand(*shape, generator=generator) > 0.4
+    mask[..., 0] = True
+    return mask.to(device)
+
+
+# ----------------------------------------------------------------------------------------------------
+# softmax and scaled dot-product attention (ex02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("dim", [-1, 0, 1, 2])
+def test_softmax_matches_torch(dtype, dim):
+    x = 3 * randn(2, 3, 5, 7, seed=1, dtype=dtype)
+    torch.testing.assert_close(attention.softmax(x, dim), torch.softmax(x, dim), atol=CPU_ATOL[dtype], rtol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    scale=st.floats(0.1, 1000),
+    seed=st.integers(0, 2**16),
+)
+def test_softmax_is_a_stable_distribution(shape, scale, seed):
+    x = scale * randn(*shape, seed=seed, dtype=torch.float32)
+    weights = attention.softmax(x, -1)
+    assert torch.isfinite(weights).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(shape[:-1]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(weights, torch.softmax(x, -1), atol=1e-6, rtol=0)
+
+
+def test_softmax_of_an_all_masked_slice_is_nan():
+    assert torch.isnan(attention.softmax(torch.full((3,), float("-inf")))).all()
+
+
+SDPA_SHAPES = [  # (leading axes, q_len, k_len, d_k, d_v)
+    ((), 5, 7, 4, 6),
+    ((2,), 6, 3, 8, 5),
+    ((2, 3), 5, 7, 4, 6),
+]
+
+
+def sdpa_inputs(lead, q_len, k_len, d_k, d_v, *, seed, dtype=torch.float64, device="cpu"):
+    return (
+        randn(*lead, q_len, d_k, seed=seed, dtype=dtype, device=device),
+        randn(*lead, k_len, d_k, seed=seed + 1, dtype=dtype, device=device),
+        randn(*lead, k_len, d_v, seed=seed + 2, dtype=dtype, device=device),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", SDPA_SHAPES, ids=str)
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
+def test_sdpa_matches_pytorch(dtype, shape, masked):
+    query, key, value = sdpa_inputs(*shape, seed=10, dtype=dtype)
+    lead = shape[0]
+    mask_shape = (*lead[:1], *[1] * len(lead[1:]), shape[1], shape[2])  # broadcast over heads
+    mask = mask_with_a_key_per_row(*mask_shape, seed=11) if masked else None
+    output, weights = attention.scaled_dot_product_attention(query, key, value, mask)
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    torch.testing.assert_close(output, expected, atol=CPU_ATOL[dtype], rtol=0)
+    assert output.dtype == weights.dtype == dtype
+    torch.testing.assert_close(
+        weights.sum(-1), torch.ones_like(weights.sum(-1)), atol=CPU_ATOL[dtype], rtol=0
+    )
+    if masked:
+        assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    q_len=st.integers(1, 6),
+    k_len=st.integers(1, 6),
+    d_k=st.integers(1, 5),
+    d_v=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_sdpa_matches_pytorch_on_any_shape(lead, q_len, k_len, d_k, d_v, seed):
+    query, key, value = sdpa_inputs(tuple(lead), q_len, k_len, d_k, d_v, seed=seed)
+    output, weights = attention.scaled_dot_product_attention(query, key, value)
+    assert weights.shape == (*lead, q_len, k_len)
+    torch.testing.assert_close(output, F.scaled_dot_product_attention(query, key, value), atol=1e-12, rtol=0)
+
+
+def test_sdpa_rejects_bad_inputs():
+    query, key, value = sdpa_inputs((), 5, 7, 4, 6, seed=20)
+    with pytest.raises(ValueError, match="d_k"):
+        attention.scaled_dot_product_attention(query, key[..., :3], value)
+    with pytest.raises(ValueError, match="k_len"):
+        attention.scaled_dot_product_attention(query, key, value[:6])
+    with pytest.raises(TypeError, match="boolean"):
+        attention.scaled_dot_product_attention(query, key, value, torch.ones(5, 7))
+
+
+def test_sdpa_leaves_its_inputs_alone():
+    inputs = sdpa_inputs((2,), 5, 7, 4, 6, seed=21)
+    copies = [t.clone() for t in inputs]
+    attention.scaled_dot_product_attention(*inputs, mask_with_a_key_per_row(2, 5, 7, seed=22))
+    for before, after in zip(copies, inputs, strict=True):
+        assert torch.equal(before, after)
+
+
+def test_dot_product_variance_is_reproducible_and_varies_with_the_seed():
+    first = attention.dot_product_variance(32, 1000, generator=seeded_generator(0))
+    assert first == attention.dot_product_variance(32, 1000, generator=seeded_generator(0))
+    assert first != attention.dot_product_variance(32, 1000, generator=seeded_generator(1))
+    with pytest.raises(ValueError):
+        attention.dot_product_variance(0, 10)
+
+
+# ----------------------------------------------------------------------------------------------------
+# masks (ex03)
+
+
+def test_padding_mask():
+    tokens = torch.tensor([[5, 6, 0, 0], [7, 0, 8, 9], [1, 2, 3, 4]])
+    mask = masks.padding_mask(tokens)
+    assert mask.shape == (3, 1, 1, 4) and mask.dtype == torch.bool
+    assert mask[:, 0, 0].tolist() == [[True, True, False, False], [True, False, True, True], [True] * 4]
+    assert masks.padding_mask(tokens, pad_id=7)[1, 0, 0].tolist() == [False, True, True, True]
+
+
+@pytest.mark.parametrize(("q_len", "k_len"), [(4, 4), (1, 6), (3, 7), (5, 5), (2, 9)])
+def test_causal_mask_is_pytorchs_lower_right(q_len, k_len):
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask = masks.causal_mask(q_len, k_len)
+    assert mask.shape == (1, 1, q_len, k_len) and mask.dtype == torch.bool
+    expected = causal_lower_right(q_len, k_len)._materialize(torch.device("cpu"))
+    assert torch.equal(mask[0, 0], expected)
+    if q_len == k_len:  # only then does PyTorch's is_causal (top-left) agree
+        assert torch.equal(mask[0, 0], torch.ones(q_len, k_len, dtype=torch.bool).tril())
+
+
+def test_causal_mask_defaults_and_errors():
+    assert torch.equal(masks.causal_mask(3), masks.causal_mask(3, 3))
+    assert masks.causal_mask(3, device="meta").device.type == "meta"
+    with pytest.raises(ValueError):
+        masks.causal_mask(0)
+
+
+def test_combine_masks():
+    causal = masks.causal_mask(4)
+    padding = masks.padding_mask(torch.tensor([[1, 2, 0, 0], [1, 2, 3, 4]]))
+    combined = masks.combine_masks(causal, None, padding)
+    assert combined.shape == (2, 1, 4, 4)
+    assert torch.equal(combined, causal & padding)
+    assert masks.combine_masks(None, None) is None
+    with pytest.raises(TypeError):
+        masks.combine_masks(causal, torch.ones(4, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", SDPA_SHAPES, ids=str)
+def test_masked_attention_matches_pytorch_when_every_row_has_a_key(dtype, shape):
+    query, key, value = sdpa_inputs(*shape, seed=30, dtype=dtype)
+    mask = mask_with_a_key_per_row(shape[1], shape[2], seed=31)
+    output, _ = masks.masked_attention(query, key, value, mask)
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    torch.testing.assert_close(output, expected, atol=CPU_ATOL[dtype], rtol=0)
+    unmasked, _ = masks.masked_attention(query, key, value, None)
+    torch.testing.assert_close(
+        unmasked, F.scaled_dot_product_attention(query, key, value), atol=CPU_ATOL[dtype], rtol=0
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_masked_attention_gives_zeros_for_a_query_with_no_key(dtype):
+    query, key, value = sdpa_inputs((2, 3), 5, 7, 4, 6, seed=40, dtype=dtype)
+    mask = mask_with_a_key_per_row(2, 1, 5, 7, seed=41)
+    mask[1, 0, 2] = False  # query 2 of sequence 1 may attend nothing
+    output, weights = masks.masked_attention(query, key, value, mask)
+    assert torch.isfinite(output).all() and torch.isfinite(weights).all()
+    assert (output[1, :, 2] == 0).all() and (weights[1, :, 2] == 0).all()
+    reference = masks.masked_attention(query.double(), key.double(), value.double(), mask)[0]
+    rows = torch.ones(2, 3, 5, dtype=torch.bool)
+    rows[1, :, 2] = False
+    atol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dtype]
+    torch.testing.assert_close(output.double()[rows], reference[rows], atol=atol, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# kernel pooling and single-head attention (ex01)
+
+
+def test_nadaraya_watson_on_the_seed_table():
+    keys = torch.tensor([51.0, 56.0, 58.0], dtype=torch.float64)
+    values = torch.tensor([40.0, 43.0, 48.0], dtype=torch.float64)
+    query = torch.tensor([57.0], dtype=torch.float64)
+    weights = pooling.gaussian_kernel_weights(query, keys)
+    expected = torch.softmax(-((query[:, None] - keys) ** 2) / 2, dim=-1)
+    torch.testing.assert_close(weights, expected, atol=1e-15, rtol=0)
+    assert abs(pooling.nadaraya_watson(query, keys, values).item() - 45.5) < 1e-6
+
+
+def test_gaussian_kernel_weights_are_finite_far_from_every_key():
+    weights = pooling.gaussian_kernel_weights(
+        torch.tensor([1e4]), torch.tensor([0.0, 1.0, 2.0]), bandwidth=0.1
+    )
+    assert torch.isfinite(weights).all() and weights[0, 2] == 1
+
+
+def test_cross_attention_matches_pytorchs_multihead_attention():
+    """One head, no bias: nn.MultiheadAttention with our projections (it computes x @ W^T)."""
+    d_model, d_k = 6, 6  # nn.MultiheadAttention needs d_k = d_v = d_model for one head
+    x_q, x_kv = randn(2, 5, d_model, seed=50), randn(2, 7, d_model, seed=51)
+    w_q, w_k, w_v = (randn(d_model, d_k, seed=52 + i) for i in range(3))
+    layer = torch.nn.MultiheadAttention(d_model, 1, bias=False, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        layer.in_proj_weight.copy_(torch.cat([w_q.T, w_k.T, w_v.T]))
+        layer.out_proj.weight.copy_(torch.eye(d_model, dtype=torch.float64))
+    expected, expected_weights = layer(x_q, x_kv, x_kv)
+    output, weights = pooling.cross_attention(x_q, x_kv, w_q, w_k, w_v)
+    torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-12, rtol=0)
+
+
+def test_self_attention_is_cross_attention_of_a_sequence_with_itself():
+    x = randn(3, 4, 8, seed=60)
+    w_q, w_k, w_v = randn(8, 5, seed=61), randn(8, 5, seed=62), randn(8, 2, seed=63)
+    output, weights = pooling.self_attention(x, w_q, w_k, w_v)
+    assert output.shape == (3, 4, 2) and weights.shape == (3, 4, 4)
+    expected = F.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)
+    torch.testing.assert_close(output, expected, atol=1e-12, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# on the GPU: float16, bfloat16 and float32 against a float64 reference, TF32 off
+
+
+@pytest.fixture
+def no_tf32():
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
+def test_sdpa_on_cuda_against_float64(dtype, masked, no_tf32):
+    query, key, value = sdpa_inputs((4, 8), 256, 200, 64, 48, seed=70, device="cuda")
+    mask = mask_with_a_key_per_row(4, 1, 256, 200, seed=71, device="cuda") if masked else None
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)  # float64, math backend
+    low = [t.to(dtype) for t in (query, key, value)]
+    output, _ = attention.scaled_dot_product_attention(*low, mask)
+    assert output.dtype == dtype and output.device.type == "cuda"
+    torch.testing.assert_close(output.double(), expected, atol=GPU_ATOL[dtype], rtol=0)
+    builtin = F.scaled_dot_product_attention(*low, attn_mask=mask)  # PyTorch's own error, for scale
+    assert (output.double() - expected).abs().max() <= 4 * (builtin.double() - expected).abs().max() + 1e-3
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_masked_attention_on_cuda(dtype, no_tf32):
+    query, key, value = sdpa_inputs((2, 4), 64, 80, 32, 16, seed=80, device="cuda")
+    mask = mask_with_a_key_per_row(2, 1, 64, 80, seed=81, device="cuda")
+    mask[0, 0, 5] = False
+    expected, _ = masks.masked_attention(query, key, value, mask)
+    output, _ = masks.masked_attention(*(t.to(dtype) for t in (query, key, value)), mask)
+    assert torch.isfinite(output).all() and (output[0, :, 5] == 0).all()
+    torch.testing.assert_close(output.double(), expected, atol=GPU_ATOL[dtype], rtol=0)
+
+
+@gpu
+@needs_cuda
+def test_softmax_on_cuda():
+    x = 50 * randn(2, 3, 5, 7, seed=90, device="cuda")
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        result = attention.softmax(x.to(dtype), -1)
+        assert result.dtype == dtype and torch.isfinite(result).all()
+        torch.testing.assert_close(result.double(), torch.softmax(x, -1), atol=GPU_ATOL[dtype] * 4, rtol=0)

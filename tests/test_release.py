@@ -1,0 +1,88 @@
+"""The student releases: generated from the references, current, and free of answers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attention_course.grading.assignments import ASSIGNMENTS
+from attention_course.grading.release import BEGIN, END, render_solution, stale_releases, synced_notebook
+from tests.notebook_tools import HIDDEN_BEGIN, ROOT, load_exercise
+
+PRESENT = [name for name, assignment in sorted(ASSIGNMENTS.items()) if assignment.source(ROOT).exists()]
+
+
+@pytest.mark.parametrize("assignment", PRESENT)
+def test_solution_cells_are_the_reference(assignment):
+    """One source of truth: every solution cell is generated from the reference (make release)."""
+    _, changed = synced_notebook(ASSIGNMENTS[assignment], ROOT)
+    assert changed == [], f"solution cells of {assignment} differ from the reference: run `make release`"
+
+
+@pytest.mark.slow
+def test_committed_releases_are_current():
+    """Regenerating every release with nbgrader in a scratch course gives the committed notebooks."""
+    assert stale_releases([ASSIGNMENTS[name] for name in PRESENT], ROOT) == []
+
+
+def _body_lines(function) -> list[str]:
+    rendered = render_solution(function)
+    body = rendered.split(BEGIN, 1)[1].split(END, 1)[0]
+    lines = [line.split("#")[0].strip() for line in body.splitlines()]
+    return [line for line in lines if len(line) > 12]  # skip trivial lines such as "return x"
+
+
+@pytest.mark.parametrize("assignment", PRESENT)
+def test_release_holds_no_solution_and_no_hidden_test(assignment):
+    exercise = load_exercise(assignment)
+    release = exercise.release_notebook()
+    text = json.dumps(release.cells)
+    for marker in (BEGIN, END, HIDDEN_BEGIN, "from solutions", "import solutions"):
+        assert marker not in text
+    code = "\n".join(cell.source for cell in release.cells if cell.cell_type == "code")
+    for name in exercise.functions:
+        for line in _body_lines(getattr(exercise.reference, name)):
+            assert line not in code, f"solution line of {name} in the release: {line!r}"
+    for cell in exercise.tests:
+        for line in (line.strip() for line in cell.hidden.splitlines()):
+            assert len(line) <= 12 or line not in code, (
+                f"hidden test line of {cell.grade_id} in the release: {line!r}"
+            )
+    for cell in release.cells:
+        nbgrader = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None
+            if nbgrader.get("solution"):
+                assert "raise NotImplementedError()" in cell.source
+        elif nbgrader.get("solution"):  # a written answer: the model answer is gone
+            assert cell.source.strip() == "YOUR ANSWER HERE"
+
+
+@pytest.mark.parametrize("assignment", PRESENT)
+def test_source_notebook_has_no_outputs(assignment):
+    notebook = load_exercise(assignment).source_notebook()
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")
+
+
+def test_render_solution_needs_a_docstring():
+    def undocumented(x):
+        return x
+
+    with pytest.raises(ValueError, match="docstring"):
+        render_solution(undocumented)
+
+
+def test_render_solution_marks_the_body_after_the_docstring():
+    def documented(x):
+        """Double x."""
+        return 2 * x
+
+    rendered = render_solution(documented)
+    assert rendered.splitlines() == [
+        "def documented(x):",
+        '    """Double x."""',
+        f"    {BEGIN}",
+        "    return 2 * x",
+        f"    {END}",
+    ]
