@@ -90,6 +90,19 @@ def load_exercise(assignment_id: str) -> Exercise:
     )
 
 
+def reference_as_learner_code(exercise: Exercise) -> dict[str, Callable]:
+    """The reference functions compiled from their source after the setup cell, as in a notebook.
+
+    A learner who imports the reference object itself fails every check; a copy of its code passes.
+    """
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(exercise.setup, "<setup>", "exec"), namespace)
+    for name in exercise.functions:
+        source = textwrap.dedent(inspect.getsource(getattr(exercise.reference, name)))
+        exec(compile(source, f"<solution cell {name}>", "exec"), namespace)
+    return {name: namespace[name] for name in exercise.functions}
+
+
 def run_cell(exercise: Exercise, code: str, implementations: dict[str, Callable]) -> None:
     """Execute a test cell's ``code`` after the setup cell, with the learner's functions bound."""
     namespace: dict = {"__name__": "__main__"}

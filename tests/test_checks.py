@@ -13,7 +13,14 @@ import pytest
 
 from attention_course.checks._harness import CheckFailure
 from attention_course.grading.assignments import ASSIGNMENTS as REGISTERED
-from tests.notebook_tools import ROOT, blank_stub, function_of, load_exercise, run_cell
+from tests.notebook_tools import (
+    ROOT,
+    blank_stub,
+    function_of,
+    load_exercise,
+    reference_as_learner_code,
+    run_cell,
+)
 
 # every registered assignment whose source notebook exists; test_every_assignment_exists fails for the others
 ASSIGNMENTS = [name for name, assignment in sorted(REGISTERED.items()) if assignment.source(ROOT).exists()]
@@ -50,7 +57,22 @@ def _wrong_cases():
 
 @pytest.mark.parametrize(("exercise", "cell"), ALL_CELLS)
 def test_reference_passes(exercise, cell):
-    run_cell(exercise, cell.full, {cell.function: getattr(exercise.reference, cell.function)})
+    run_cell(exercise, cell.full, reference_as_learner_code(exercise))
+
+
+@pytest.mark.parametrize(("exercise", "cell"), ALL_CELLS)
+def test_imported_or_wrapped_reference_fails(exercise, cell):
+    """A learner who imports the course's answer, or calls it from their own function, gets no points."""
+    reference = getattr(exercise.reference, cell.function)
+
+    def wrapper(*args, **kwargs):
+        return reference(*args, **kwargs)
+
+    for implementation in (reference, wrapper):
+        with pytest.raises(
+            CheckFailure, match=r"imported rather than written|calls the course's own|course's reference"
+        ):
+            run_cell(exercise, cell.full, {cell.function: implementation})
 
 
 @pytest.mark.parametrize(("exercise", "cell"), ALL_CELLS)
@@ -100,4 +122,4 @@ def test_visible_part_runs_without_solutions(exercise, cell, monkeypatch):
     for name in list(sys.modules):
         if name.startswith("solutions."):
             monkeypatch.setitem(sys.modules, name, None)
-    run_cell(exercise, cell.visible, {cell.function: getattr(exercise.reference, cell.function)})
+    run_cell(exercise, cell.visible, reference_as_learner_code(exercise))

@@ -24,7 +24,15 @@ import pytest
 from attention_course.checks._harness import CheckFailure
 from attention_course.grading.assignments import ASSIGNMENTS
 from attention_course.grading.cli import Limits, grade
-from tests.notebook_tools import ROOT, Exercise, fill_solutions, function_of, load_exercise, run_cell
+from tests.notebook_tools import (
+    ROOT,
+    Exercise,
+    fill_solutions,
+    function_of,
+    load_exercise,
+    reference_as_learner_code,
+    run_cell,
+)
 
 pytestmark = pytest.mark.slow
 PRESENT = [name for name, assignment in sorted(ASSIGNMENTS.items()) if assignment.source(ROOT).exists()]
@@ -80,8 +88,8 @@ def _answer_written_answers(notebook: nbformat.NotebookNode) -> None:
 def submissions(exercise: Exercise) -> list[Submission]:
     """The submissions of the round trip, each with the points it must get."""
     release = exercise.release_notebook()
-    references = {name: getattr(exercise.reference, name) for name in exercise.functions}
-    right_sources = {name: _source(function) for name, function in references.items()}
+    references = reference_as_learner_code(exercise)
+    right_sources = {name: _source(getattr(exercise.reference, name)) for name in exercise.functions}
     manual = [
         c.metadata.nbgrader["grade_id"]
         for c in release.cells

@@ -56,6 +56,46 @@ class Call:
 
 
 # --------------------------------------------------------------------------------------------------
+# which functions a learner's code calls
+
+# modules whose functions are the answers: a learner's solution may not call them
+ANSWER_MODULES = (
+    "solutions",
+    "attention_course.attention",
+    "attention_course.masks",
+    "attention_course.pooling",
+)
+
+
+def _is_answer_module(module: str) -> bool:
+    return any(module == answer or module.startswith(answer + ".") for answer in ANSWER_MODULES)
+
+
+@contextmanager
+def recorded_calls(owner_globals: dict[str, Any]) -> Iterator[list[tuple[str, str]]]:
+    """Record the ``(module, name)`` of every function called, except those defined beside the learner's.
+
+    Python functions are seen on entry and C functions (``torch.softmax``, ``Tensor.softmax``, SDPA) when
+    called, through :func:`sys.setprofile`, so an alias or a helper does not hide a built-in.
+    """
+    seen: list[tuple[str, str]] = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            if frame.f_globals is not owner_globals:
+                seen.append((str(frame.f_globals.get("__name__", "")), frame.f_code.co_name))
+        elif event == "c_call":
+            seen.append((str(getattr(arg, "__module__", "") or ""), str(getattr(arg, "__name__", ""))))
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+# --------------------------------------------------------------------------------------------------
 # calling the learner's code
 
 _EXCEPTION_HINTS: Sequence[tuple[Sequence[str], str]] = (
@@ -141,14 +181,23 @@ def call(
         Whatever ``fn`` returns.
 
     Raises:
-        CheckFailure: if ``fn`` is not callable, raises, or modifies one of its tensor arguments.
+        CheckFailure: if ``fn`` is not callable, is or calls one of the course's answers (the reference
+            solutions, or the library modules that hold them), raises, or modifies a tensor argument.
     """
     __tracebackhide__ = True
     description = Call(name, arguments)
     if not callable(fn):
         fail(f"{name} is not a function (got {describe(fn)}): run the cell that defines it.")
+    if _is_answer_module(getattr(fn, "__module__", None) or ""):
+        fail(
+            f"{name} is the course's own {fn.__module__}.{getattr(fn, '__name__', name)}, imported "
+            "rather than written: the exercise is to write it yourself."
+        )
     snapshots = {key: value.clone() for key, value in arguments.items() if isinstance(value, torch.Tensor)}
-    with warnings.catch_warnings(record=True) as caught:
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        recorded_calls(getattr(fn, "__globals__", {})) as seen,
+    ):
         warnings.simplefilter("always")
         try:
             result = fn(**arguments)
@@ -160,6 +209,12 @@ def call(
             hint = hint_for_exception(error, extra_hints)
             message = f"{description} raised {type(error).__name__}: {error}"
             fail(message + (f"\n  Likely cause: {hint}." if hint else ""))
+    answers = sorted({f"{module}.{function}" for module, function in seen if _is_answer_module(module)})
+    if answers:
+        fail(
+            f"{description} calls the course's own {', '.join(answers)}: the exercise is to write it "
+            "yourself, without the reference solutions or the course library's answers."
+        )
     for message in {str(w.message) for w in caught}:
         print(f"note: {name} emitted a warning: {message}")  # stdout: a warning is not a failure
     for key, before in snapshots.items():
@@ -357,38 +412,6 @@ def assert_tensor(
 # --------------------------------------------------------------------------------------------------
 # "from scratch": which built-ins a function calls
 
-# modules whose functions are the answers: a learner's solution may not call them
-ANSWER_MODULES = (
-    "solutions",
-    "attention_course.attention",
-    "attention_course.masks",
-    "attention_course.pooling",
-)
-
-
-@contextmanager
-def recorded_calls(owner_globals: dict[str, Any]) -> Iterator[list[tuple[str, str]]]:
-    """Record the ``(module, name)`` of every function called, except those defined beside the learner's.
-
-    Python functions are seen on entry and C functions (``torch.softmax``, ``Tensor.softmax``, SDPA) when
-    called, through :func:`sys.setprofile`, so an alias or a helper does not hide a built-in.
-    """
-    seen: list[tuple[str, str]] = []
-
-    def profile(frame, event, arg):
-        if event == "call":
-            if frame.f_globals is not owner_globals:
-                seen.append((str(frame.f_globals.get("__name__", "")), frame.f_code.co_name))
-        elif event == "c_call":
-            seen.append((str(getattr(arg, "__module__", "") or ""), str(getattr(arg, "__name__", ""))))
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
-
 
 def forbidden_calls(fn: Callable[..., Any], arguments: dict[str, Any], forbidden: Sequence[str]) -> list[str]:
     """Run ``fn(**arguments)`` and list the forbidden functions it called.
@@ -407,8 +430,7 @@ def forbidden_calls(fn: Callable[..., Any], arguments: dict[str, Any], forbidden
     found: list[str] = []
     for module, name in seen:
         lowered = name.lower()
-        is_answer = any(module == m or module.startswith(m + ".") for m in ANSWER_MODULES)
-        if is_answer or any(word in lowered for word in forbidden):
+        if _is_answer_module(module) or any(word in lowered for word in forbidden):
             label = f"{module}.{name}" if module else name
             if label not in found:
                 found.append(label)

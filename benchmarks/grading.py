@@ -1,0 +1,117 @@
+"""Seconds per submission: ``nbgrader autograde`` against ``attention-grade``, on the same submissions.
+
+    python benchmarks/grading.py                       # every assignment, 10 submissions each
+    python benchmarks/grading.py ex02_scaled_dot_product --submissions 10
+
+For each assignment, a scratch course directory gets the source notebook, ``nbgrader generate_assignment``
+and ``--submissions`` notebooks: some solved, some blank, some with only the first functions written.
+Both graders run as the commands an instructor types, start-up included: ``nbgrader autograde <id>``
+(one process, submissions one after another) and ``attention-grade <id> submitted/`` with one job and
+with one job per core. The script prints a table; it asserts nothing (the tests compare the points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import nbformat
+from rich.console import Console
+from rich.table import Table
+
+from attention_course.grading.assignments import ASSIGNMENTS
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVIRONMENT = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _filled(release: nbformat.NotebookNode, sources: dict[str, str]) -> nbformat.NotebookNode:
+    notebook = nbformat.from_dict(release)
+    for cell in notebook.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("solution") and not meta.get("grade"):
+            name = cell.source.split("def ", 1)[1].split("(", 1)[0] if "def " in cell.source else None
+            if name in sources:
+                cell.source = sources[name]
+    return notebook
+
+
+def make_course(assignment_id: str, count: int, folder: Path) -> None:
+    """A scratch course with the assignment generated and ``count`` submissions in submitted/."""
+    assignment = ASSIGNMENTS[assignment_id]
+    shutil.copy(ROOT / "nbgrader_config.py", folder)
+    assignment.source(folder).parent.mkdir(parents=True)
+    shutil.copy(assignment.source(ROOT), assignment.source(folder))
+    run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment_id, "--force"], folder)
+    release = nbformat.read(assignment.release(folder), as_version=4)
+    reference = __import__(assignment.reference_module, fromlist=["_"])
+    names = [
+        cell.source.split("def ", 1)[1].split("(", 1)[0]
+        for cell in release.cells
+        if cell.cell_type == "code"
+        and cell.metadata.get("nbgrader", {}).get("solution")
+        and "def " in cell.source
+    ]
+    sources = {name: textwrap.dedent(inspect.getsource(getattr(reference, name))) for name in names}
+    for i in range(count):
+        solved = names[: i % (len(names) + 1)]  # 0, 1, ..., all functions written, then again
+        path = folder / "submitted" / f"student{i:02d}" / assignment_id / f"{assignment_id}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(_filled(release, {name: sources[name] for name in solved}), path)
+
+
+def run(command: list[str], cwd: Path) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, env=ENVIRONMENT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("assignments", nargs="*", default=sorted(ASSIGNMENTS))
+    parser.add_argument("--submissions", type=int, default=10)
+    arguments = parser.parse_args()
+    cores = os.cpu_count() or 1
+    table = Table(title=f"Grading {arguments.submissions} submissions per assignment ({cores} cores)")
+    for column in (
+        "assignment",
+        "nbgrader autograde",
+        "attention-grade --jobs 1",
+        f"attention-grade --jobs {cores}",
+    ):
+        table.add_column(column, justify="left" if column == "assignment" else "right")
+    for assignment_id in arguments.assignments:
+        with tempfile.TemporaryDirectory() as scratch:
+            folder = Path(scratch)
+            make_course(assignment_id, arguments.submissions, folder)
+            grade = [
+                sys.executable,
+                "-m",
+                "attention_course.grading.cli",
+                assignment_id,
+                "submitted",
+                "--course",
+                ".",
+            ]
+            seconds = [
+                run([sys.executable, "-m", "nbgrader", "autograde", assignment_id, "--force"], folder),
+                run([*grade, "--jobs", "1", "--out", "report-1"], folder),
+                run([*grade, "--jobs", str(cores), "--out", f"report-{cores}"], folder),
+            ]
+        n = arguments.submissions
+        table.add_row(assignment_id, *(f"{s / n:.2f} s ({s:.1f} s in all)" for s in seconds))
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
