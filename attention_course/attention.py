@@ -57,7 +57,7 @@ def scaled_dot_product_attention(
         value: ``[..., k_len, d_v]``, same dtype and device as ``query``.
         mask: optional boolean tensor broadcastable to ``[..., q_len, k_len]``; ``True`` means the query
             may attend to the key (the convention of ``torch.nn.functional.scaled_dot_product_attention``).
-            The leading axes of all four arguments broadcast against each other.
+            ``query``, ``key`` and ``value`` share their leading axes ``...``.
 
     Returns:
         ``(output, weights)``: ``output`` is ``[..., q_len, d_v]``, ``weights`` is ``[..., q_len, k_len]``

@@ -86,7 +86,7 @@ def cross_attention(
         x_q: ``[..., m, d_model]``, the sequence that asks (the decoder side, the target).
         x_kv: ``[..., n, d_model]``, the sequence that is looked up (the encoder side, the source).
         w_q: ``[d_model, d_k]``; w_k: ``[d_model, d_k]``; w_v: ``[d_model, d_v]``. All the same dtype
-            and device; the leading axes of ``x_q`` and ``x_kv`` broadcast.
+            and device; ``x_q`` and ``x_kv`` share their leading axes ``...``.
 
     Returns:
         ``(output, weights)``: ``[..., m, d_v]`` and ``[..., m, n]``; row ``i`` of the weights is the

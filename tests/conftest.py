@@ -8,6 +8,6 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402 - after the environment variable, which torch reads on import
+import torch  # after the environment variable, which torch reads on import
 
 torch.set_num_threads(1)

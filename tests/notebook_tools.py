@@ -90,17 +90,31 @@ def load_exercise(assignment_id: str) -> Exercise:
     )
 
 
-def reference_as_learner_code(exercise: Exercise) -> dict[str, Callable]:
-    """The reference functions compiled from their source after the setup cell, as in a notebook.
+def reference_sources(exercise: Exercise) -> dict[str, str]:
+    """The source of each reference function, as a learner could write it in the solution cell."""
+    return {
+        name: textwrap.dedent(inspect.getsource(getattr(exercise.reference, name)))
+        for name in exercise.functions
+    }
 
-    A learner who imports the reference object itself fails every check; a copy of its code passes.
+
+def notebook_functions(exercise: Exercise, sources: dict[str, str]) -> dict[str, Callable]:
+    """Compile the solution cells' ``sources`` in order into one namespace after the setup cell.
+
+    As in the notebook, a function calls the others through that namespace (``self_attention`` calls
+    ``cross_attention``, ``scaled_dot_product_attention`` calls ``softmax``), and none of them is the
+    reference object itself (a learner who imports that fails every check).
     """
     namespace: dict = {"__name__": "__main__"}
     exec(compile(exercise.setup, "<setup>", "exec"), namespace)
     for name in exercise.functions:
-        source = textwrap.dedent(inspect.getsource(getattr(exercise.reference, name)))
-        exec(compile(source, f"<solution cell {name}>", "exec"), namespace)
+        exec(compile(sources[name], f"<solution cell {name}>", "exec"), namespace)
     return {name: namespace[name] for name in exercise.functions}
+
+
+def reference_as_learner_code(exercise: Exercise) -> dict[str, Callable]:
+    """The reference functions compiled from their source, as in a notebook (see notebook_functions)."""
+    return notebook_functions(exercise, reference_sources(exercise))
 
 
 def run_cell(exercise: Exercise, code: str, implementations: dict[str, Callable]) -> None:

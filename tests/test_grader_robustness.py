@@ -9,7 +9,6 @@ replayed), and the report files are written. A submission that outlasts its own 
 from __future__ import annotations
 
 import csv
-import inspect
 import json
 import textwrap
 
@@ -18,7 +17,7 @@ import pytest
 
 from attention_course.grading.assignments import ASSIGNMENTS
 from attention_course.grading.cli import Limits, grade, main
-from tests.notebook_tools import ROOT, fill_solutions, load_exercise
+from tests.notebook_tools import ROOT, fill_solutions, load_exercise, reference_sources
 
 pytestmark = pytest.mark.slow
 ASSIGNMENT = "ex02_scaled_dot_product"
@@ -61,10 +60,7 @@ BROKEN = {
 def batch(tmp_path_factory):
     exercise = load_exercise(ASSIGNMENT)
     release = exercise.release_notebook()
-    right = {
-        name: textwrap.dedent(inspect.getsource(getattr(exercise.reference, name)))
-        for name in exercise.functions
-    }
+    right = reference_sources(exercise)
     folder = tmp_path_factory.mktemp("submissions")
     paths = {}
     for student, replaced in {"good": {}, **BROKEN}.items():
@@ -76,7 +72,8 @@ def batch(tmp_path_factory):
     nbformat.write(deleted, paths["deleted-solution-cell"])
     paths["not-a-notebook"] = folder / "not-a-notebook.ipynb"
     paths["not-a-notebook"].write_text("{ this is not JSON")
-    limits = Limits(cell_timeout=2, timeout=25, memory_mib=2048)
+    # generous limits: a loaded CI machine must not turn a correct cell into a timeout
+    limits = Limits(cell_timeout=6, timeout=120, memory_mib=2048)
     results = grade(ASSIGNMENT, paths, root=ROOT, limits=limits, jobs=2)
     return {result.student: result for result in results}, exercise
 
@@ -134,18 +131,15 @@ def test_a_cell_that_swallows_interrupts_is_abandoned_and_grading_goes_on(batch)
 def test_a_submission_past_its_time_limit_is_killed(batch, tmp_path):
     _, exercise = batch
     release = exercise.release_notebook()
-    right = {
-        name: textwrap.dedent(inspect.getsource(getattr(exercise.reference, name)))
-        for name in exercise.functions
-    }
     path = tmp_path / "slow.ipynb"
-    nbformat.write(fill_solutions(release, {**right, **BROKEN["hangs"]}), path)
-    (result,) = grade(
-        ASSIGNMENT, {"slow": path}, root=ROOT, limits=Limits(cell_timeout=30, timeout=8), jobs=1
-    )
-    assert result.status == "timeout" and "time limit of 8 s" in result.message
-    assert result.score == 12  # everything graded before the hanging cells still counts
+    nbformat.write(fill_solutions(release, {**reference_sources(exercise), **BROKEN["hangs"]}), path)
+    limits = Limits(cell_timeout=600, timeout=20)
+    (result,) = grade(ASSIGNMENT, {"slow": path}, root=ROOT, limits=limits, jobs=1)
+    assert result.status == "timeout" and "time limit of 20 s" in result.message
+    # cells graded before the kill keep their points; the rest did not run
+    assert {c.status for c in result.cells if c.kind == "auto"} <= {"passed", "not run"}
     assert {c.status for c in result.cells if c.grade_id.startswith("variance")} == {"not run"}
+    assert result.score == sum(c.points for c in result.cells if c.status == "passed")
 
 
 def test_nan_and_a_deleted_cell_are_explained(batch):

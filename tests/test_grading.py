@@ -9,12 +9,10 @@ notebook, and ``nbgrader validate --invert`` finds that no test cell of a releas
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +28,10 @@ from tests.notebook_tools import (
     fill_solutions,
     function_of,
     load_exercise,
-    reference_as_learner_code,
+    notebook_functions,
+    reference_sources,
     run_cell,
+    submission_source,
 )
 
 pytestmark = pytest.mark.slow
@@ -57,16 +57,13 @@ class Submission:
     expected: dict[str, float | None]  # grade id -> points (None: waiting for manual grading)
 
 
-def _source(function) -> str:
-    return textwrap.dedent(inspect.getsource(function))
-
-
-def _expected_by_running(exercise: Exercise, implementations: dict) -> dict[str, float]:
-    """Points of each test cell when its code runs in this process with ``implementations`` (the oracle)."""
+def _expected_by_running(exercise: Exercise, sources: dict[str, str]) -> dict[str, float]:
+    """Points of each test cell when it runs in this process after the solution ``sources`` (the oracle)."""
+    functions = notebook_functions(exercise, sources)
     points = {}
     for cell in exercise.tests:
         try:
-            run_cell(exercise, cell.full, {cell.function: implementations[cell.function]})
+            run_cell(exercise, cell.full, functions)
         except CheckFailure:
             points[cell.grade_id] = 0.0
         else:
@@ -88,8 +85,7 @@ def _answer_written_answers(notebook: nbformat.NotebookNode) -> None:
 def submissions(exercise: Exercise) -> list[Submission]:
     """The submissions of the round trip, each with the points it must get."""
     release = exercise.release_notebook()
-    references = reference_as_learner_code(exercise)
-    right_sources = {name: _source(getattr(exercise.reference, name)) for name in exercise.functions}
+    right_sources = reference_sources(exercise)
     manual = [
         c.metadata.nbgrader["grade_id"]
         for c in release.cells
@@ -110,17 +106,11 @@ def submissions(exercise: Exercise) -> list[Submission]:
         if name in seen:
             continue
         seen.add(name)
-        expected = _expected_by_running(exercise, {**references, name: implementation})
+        sources = {**right_sources, name: submission_source(implementation)}
+        expected = _expected_by_running(exercise, sources)
         assert all(expected[grade_id] == 0 for grade_id in listed)  # the bank agrees with the oracle
-        sources = {
-            **right_sources,
-            name: _source(implementation).replace(f"def {implementation.__name__}(", f"def {name}("),
-        }
-        result.append(
-            Submission(
-                f"buggy-{name}", fill_solutions(release, sources), {**expected, **dict.fromkeys(manual, 0.0)}
-            )
-        )
+        buggy = fill_solutions(release, sources)
+        result.append(Submission(f"buggy-{name}", buggy, {**expected, **dict.fromkeys(manual, 0.0)}))
     # a deleted test cell and an edited one come back from the source, hidden tests included
     deleted = nbformat.from_dict(solved)
     first_test = exercise.tests[0].grade_id

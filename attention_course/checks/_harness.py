@@ -105,7 +105,7 @@ _EXCEPTION_HINTS: Sequence[tuple[Sequence[str], str]] = (
         "scores with float('-inf') or torch.finfo(scores.dtype).min",
     ),
     (
-        ("bitwise_and", "bitwise_or", "not implemented for 'Float'", "not implemented for 'Half'"),
+        ("bitwise_and", "bitwise_or"),
         "masks are combined with & only when both are boolean: build them with dtype=torch.bool "
         "(torch.ones(..., dtype=torch.bool)) or call .bool()",
     ),
@@ -185,7 +185,7 @@ def call(
             solutions, or the library modules that hold them), raises, or modifies a tensor argument.
     """
     __tracebackhide__ = True
-    description = Call(name, arguments)
+    description = str(Call(name, arguments))  # now: an in-place edit must not change what it says
     if not callable(fn):
         fail(f"{name} is not a function (got {describe(fn)}): run the cell that defines it.")
     if _is_answer_module(getattr(fn, "__module__", None) or ""):
