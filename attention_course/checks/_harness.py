@@ -410,6 +410,77 @@ def assert_tensor(
 
 
 # --------------------------------------------------------------------------------------------------
+# attention functions: (output, weights) against a float64 answer
+
+
+def unpack_output_and_weights(result: Any, call_text: str) -> tuple[Any, Any]:
+    """The ``(output, weights)`` that an attention function returns; fail on anything else."""
+    __tracebackhide__ = True
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        length = f" of length {len(result)}" if isinstance(result, tuple | list) else ""
+        fail(f"{call_text} should return a tuple (output, weights), got {type(result).__name__}{length}.")
+    return result[0], result[1]
+
+
+def reference_answer(
+    reference: Callable[..., Any], inputs: dict[str, Any]
+) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...]]:
+    """The right answer in float64 for ``inputs``, and the error a plain same-dtype computation makes.
+
+    The reference runs twice: on the inputs upcast to float64 (the truth, for exactly the values the
+    learner's function sees) and on the inputs as they are (its error sets the tolerance, see
+    :func:`tolerance`). A reference returning one tensor gives tuples of one.
+    """
+    wide = {
+        name: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for name, v in inputs.items()
+    }
+    truth, naive = reference(**wide), reference(**inputs)
+    truth = truth if isinstance(truth, tuple) else (truth,)
+    naive = naive if isinstance(naive, tuple) else (naive,)
+    errors = tuple((n.double() - t).abs().max().item() for n, t in zip(naive, truth, strict=True))
+    return truth, errors
+
+
+def assert_output_and_weights(
+    output: Any,
+    weights: Any,
+    expected_output: torch.Tensor,
+    expected_weights: torch.Tensor,
+    *,
+    call_text: str,
+    dtype: torch.dtype,
+    naive_errors: tuple[float, float] = (0.0, 0.0),
+    shape_hints: dict[str, dict[tuple[int, ...], str]] | None = None,
+    mistakes: Callable[[str], Iterable[Mistake]] | None = None,
+    note: str | None = None,
+) -> None:
+    """Compare the weights, then the output (the weights say more about a mistake), as assert_tensor.
+
+    Args:
+        naive_errors: ``(output, weights)`` errors of a plain same-dtype computation.
+        shape_hints: ``{"output": {...}, "weights": {...}}``, likely causes of wrong shapes.
+        mistakes: called with ``"output"`` or ``"weights"`` on a mismatch; known wrong results.
+    """
+    __tracebackhide__ = True
+    for part, actual, expected, naive_error in (
+        ("weights", weights, expected_weights, naive_errors[1]),
+        ("output", output, expected_output, naive_errors[0]),
+    ):
+        assert_tensor(
+            actual,
+            expected,
+            dtype=dtype,
+            naive_error=naive_error,
+            what=f"the {part}",
+            call_text=call_text,
+            shape_hints=(shape_hints or {}).get(part),
+            mistakes=(lambda part=part: mistakes(part)) if mistakes is not None else None,
+            note=note,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
 # "from scratch": which built-ins a function calls
 
 

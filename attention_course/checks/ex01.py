@@ -29,10 +29,13 @@ from attention_course.checks._harness import (
     Mistake,
     assert_from_scratch,
     assert_like,
+    assert_output_and_weights,
     assert_tensor,
     call,
     fail,
     randn,
+    reference_answer,
+    unpack_output_and_weights,
 )
 from attention_course.device import default_device, seeded_generator
 
@@ -101,17 +104,6 @@ def _attention_hints(inputs: dict[str, Any]) -> Sequence[tuple[Sequence[str], st
             "leading axes)",
         ),
     )
-
-
-def _unpack(result: Any, call_text: str) -> tuple[Any, Any]:
-    __tracebackhide__ = True
-    if not isinstance(result, tuple | list) or len(result) != 2:
-        fail(
-            f"{call_text} should return a tuple (output, weights), got {type(result).__name__}"
-            + (f" of length {len(result)}" if isinstance(result, tuple | list) else "")
-            + "."
-        )
-    return result[0], result[1]
 
 
 # ==================================================================================================
@@ -756,26 +748,24 @@ def _assert_attention(
     """Call ``fn(**inputs)`` and compare the weights, then the output, diagnosing known mistakes."""
     __tracebackhide__ = True
     call_text = str(Call(name, inputs))
-    output, weights = _unpack(call(fn, name, extra_hints=_attention_hints(inputs), **inputs), call_text)
+    output, weights = unpack_output_and_weights(
+        call(fn, name, extra_hints=_attention_hints(inputs), **inputs), call_text
+    )
     x_q, x_kv = _sides(inputs)
     lead, m, n = tuple(expected_output.shape[:-2]), x_q.size(-2), x_kv.size(-2)
     d_model, d_k, d_v = inputs["w_q"].size(0), inputs["w_q"].size(1), inputs["w_v"].size(1)
-    hints = _attention_shape_hints(lead, m, n, d_model, d_k, d_v, _side_names(inputs)[1])
-    for part, actual, expected, naive_error in (
-        ("weights", weights, expected_weights, naive_errors[1]),
-        ("output", output, expected_output, naive_errors[0]),
-    ):
-        assert_tensor(
-            actual,
-            expected,
-            dtype=dtype,
-            naive_error=naive_error,
-            what=f"the {part}",
-            call_text=call_text,
-            shape_hints=hints[part],
-            mistakes=lambda part=part: _attention_mistakes(inputs, part),
-            note=note,
-        )
+    assert_output_and_weights(
+        output,
+        weights,
+        expected_output,
+        expected_weights,
+        call_text=call_text,
+        dtype=dtype,
+        naive_errors=naive_errors,
+        shape_hints=_attention_shape_hints(lead, m, n, d_model, d_k, d_v, _side_names(inputs)[1]),
+        mistakes=lambda part: _attention_mistakes(inputs, part),
+        note=note,
+    )
 
 
 def _call_attention(
@@ -783,7 +773,9 @@ def _call_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Call ``fn(**inputs)``; fail unless (output, weights) have the right shapes, dtype and device."""
     __tracebackhide__ = True
-    output, weights = _unpack(call(fn, name, extra_hints=_attention_hints(inputs), **inputs), call_text)
+    output, weights = unpack_output_and_weights(
+        call(fn, name, extra_hints=_attention_hints(inputs), **inputs), call_text
+    )
     x_q, x_kv = _sides(inputs)
     lead, m, n = tuple(x_q.shape[:-2]), x_q.size(-2), x_kv.size(-2)
     d_model, d_k, d_v = inputs["w_q"].size(0), inputs["w_q"].size(1), inputs["w_v"].size(1)
@@ -953,11 +945,7 @@ def _attention_against_reference(
             inputs = _attention_inputs(lead, *sizes, seed=seed + 10 * case, device=device, dtype=dtype)
             if name == SELF:
                 inputs = _self_inputs(inputs)
-            truth = reference(**{key: tensor.double() for key, tensor in inputs.items()})
-            naive = reference(**inputs)
-            naive_errors = tuple(
-                (a.double() - t).abs().max().item() for a, t in zip(naive, truth, strict=True)
-            )
+            truth, naive_errors = reference_answer(reference, inputs)
             _assert_attention(fn, name, inputs, *truth, dtype=dtype, naive_errors=naive_errors)
 
 

@@ -25,11 +25,14 @@ from attention_course.checks._harness import (
     Mistake,
     assert_from_scratch,
     assert_like,
+    assert_output_and_weights,
     assert_tensor,
     call,
     fail,
     randn,
     random_mask,
+    reference_answer,
+    unpack_output_and_weights,
 )
 from attention_course.device import default_device, seeded_generator
 
@@ -319,17 +322,6 @@ def _sdpa_shape_hints(lead: tuple[int, ...], q_len: int, k_len: int, d_k: int, d
     }
 
 
-def _unpack(result: Any, call_text: str) -> tuple[Any, Any]:
-    __tracebackhide__ = True
-    if not isinstance(result, tuple | list) or len(result) != 2:
-        fail(
-            f"{call_text} should return a tuple (output, weights), got {type(result).__name__}"
-            + (f" of length {len(result)}" if isinstance(result, tuple | list) else "")
-            + "."
-        )
-    return result[0], result[1]
-
-
 def _sdpa_inputs(
     lead: tuple[int, ...], q_len: int, k_len: int, d_k: int, d_v: int, *, seed: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
@@ -355,24 +347,28 @@ def _assert_sdpa(
     query, key, value = inputs["query"], inputs["key"], inputs["value"]
     mask = inputs.get("mask")
     call_text = str(Call(SDPA, inputs))
-    output, weights = _unpack(call(sdpa, SDPA, **inputs), call_text)
+    output, weights = unpack_output_and_weights(call(sdpa, SDPA, **inputs), call_text)
     lead, (q_len, d_k), (k_len, d_v) = tuple(expected_output.shape[:-2]), query.shape[-2:], value.shape[-2:]
-    hints = _sdpa_shape_hints(lead, q_len, k_len, d_k, d_v)
-    for part, actual, expected, naive_error in (
-        ("weights", weights, expected_weights, naive_errors[1]),
-        ("output", output, expected_output, naive_errors[0]),
-    ):
-        assert_tensor(
-            actual,
-            expected,
-            dtype=dtype,
-            naive_error=naive_error,
-            what=f"the {part}",
-            call_text=call_text,
-            shape_hints=hints[part],
-            mistakes=lambda part=part: _sdpa_mistakes(query, key, value, mask, part),
-            note=note,
-        )
+    assert_output_and_weights(
+        output,
+        weights,
+        expected_output,
+        expected_weights,
+        call_text=call_text,
+        dtype=dtype,
+        naive_errors=naive_errors,
+        shape_hints=_sdpa_shape_hints(lead, q_len, k_len, d_k, d_v),
+        mistakes=lambda part: _sdpa_mistakes(query, key, value, mask, part),
+        note=note,
+    )
+
+
+def _plain_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention from PyTorch's matmul and softmax, in the dtype of the inputs (for tolerances)."""
+    weights = _attend(query @ key.transpose(-2, -1) / math.sqrt(query.size(-1)), mask)
+    return weights @ value, weights
 
 
 def _builtin_answer(inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,7 +389,7 @@ def check_sdpa_shapes(sdpa: Callable[..., Any]) -> None:
         inputs = {name: tensor.float() for name, tensor in inputs.items()}
         call_text = str(Call(SDPA, inputs))
         try:
-            output, weights = _unpack(call(sdpa, SDPA, **inputs), call_text)
+            output, weights = unpack_output_and_weights(call(sdpa, SDPA, **inputs), call_text)
         except CheckFailure as failure:
             if lead:
                 fail(
@@ -460,13 +456,7 @@ def check_sdpa_dtype_and_inputs(sdpa: Callable[..., Any]) -> None:
             for name, tensor in _sdpa_inputs((2, 3), 5, 7, 4, 6, seed=40, device=device).items()
         }
         inputs["mask"] = random_mask((2, 1, 5, 7), seed=41, device=device)
-        output, weights = _builtin_answer(inputs)
-        plain = {name: inputs[name] for name in ("query", "key", "value")}
-        naive_weights = _attend(plain["query"] @ plain["key"].transpose(-2, -1) / 2.0, inputs["mask"])
-        naive_errors = (
-            ((naive_weights @ plain["value"]).double() - output).abs().max().item(),
-            (naive_weights.double() - weights).abs().max().item(),
-        )
+        (output, weights), naive_errors = reference_answer(_plain_attention, inputs)
         _assert_sdpa(sdpa, inputs, output, weights, dtype=dtype, naive_errors=naive_errors)
 
 
@@ -510,13 +500,7 @@ def sdpa_against_reference(
             if masked:
                 mask_shape = (*lead[:1], *([1] * len(lead[1:])), q_len, k_len)
                 inputs["mask"] = random_mask(mask_shape, seed=seed + 10 * case + 5, device=device)
-            truth = reference(
-                **{name: (t.double() if t.is_floating_point() else t) for name, t in inputs.items()}
-            )
-            naive = reference(**inputs)
-            naive_errors = tuple(
-                (n.double() - t).abs().max().item() for n, t in zip(naive, truth, strict=True)
-            )
+            truth, naive_errors = reference_answer(reference, inputs)
             _assert_sdpa(sdpa, inputs, *truth, dtype=dtype, naive_errors=naive_errors)
 
 

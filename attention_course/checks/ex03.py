@@ -27,11 +27,13 @@ from attention_course.checks._harness import (
     Mistake,
     assert_from_scratch,
     assert_like,
-    assert_tensor,
+    assert_output_and_weights,
     call,
     describe,
     fail,
     randn,
+    reference_answer,
+    unpack_output_and_weights,
 )
 from attention_course.device import default_device, seeded_generator
 
@@ -923,13 +925,6 @@ def _shape_hints(lead: tuple[int, ...], q_len: int, k_len: int, d_k: int, d_v: i
     }
 
 
-def _unpack(result: Any, call_text: str) -> tuple[Any, Any]:
-    __tracebackhide__ = True
-    if not isinstance(result, tuple | list) or len(result) != 2:
-        fail(f"{call_text} should return a tuple (output, weights), got {describe(result)}.")
-    return result[0], result[1]
-
-
 def _assert_empty_rows(
     output: torch.Tensor, weights: torch.Tensor, empty: torch.Tensor, call_text: str
 ) -> None:
@@ -1001,7 +996,9 @@ def _assert_attention(
     __tracebackhide__ = True
     query, key, value, mask = inputs["query"], inputs["key"], inputs["value"], inputs["mask"]
     call_text = str(Call(NAME, inputs))
-    output, weights = _unpack(call(masked_attention, NAME, extra_hints=_ATTENTION_HINTS, **inputs), call_text)
+    output, weights = unpack_output_and_weights(
+        call(masked_attention, NAME, extra_hints=_ATTENTION_HINTS, **inputs), call_text
+    )
     lead, (q_len, d_k), (k_len, d_v) = tuple(expected_output.shape[:-2]), query.shape[-2:], value.shape[-2:]
     hints = _shape_hints(lead, q_len, k_len, d_k, d_v)
     for part, actual, expected in (
@@ -1021,20 +1018,17 @@ def _assert_attention(
         empty = (~mask.any(dim=-1)).expand(expected_weights.shape[:-1])  # [..., q_len]
         if empty.any():
             _assert_empty_rows(output, weights, empty, call_text)
-    for part, actual, expected, naive_error in (
-        ("weights", weights, expected_weights, naive_errors[1]),
-        ("output", output, expected_output, naive_errors[0]),
-    ):
-        assert_tensor(
-            actual,
-            expected,
-            dtype=dtype,
-            naive_error=naive_error,
-            what=f"the {part}",
-            call_text=call_text,
-            mistakes=lambda part=part: _attention_mistakes(query, key, value, mask, part),
-            note=note,
-        )
+    assert_output_and_weights(
+        output,
+        weights,
+        expected_output,
+        expected_weights,
+        call_text=call_text,
+        dtype=dtype,
+        naive_errors=naive_errors,
+        mistakes=lambda part: _attention_mistakes(query, key, value, mask, part),
+        note=note,
+    )
 
 
 def _assert_known_answer(
@@ -1045,10 +1039,7 @@ def _assert_known_answer(
     inputs = {
         name: t.to(dtype) if t is not None and t.is_floating_point() else t for name, t in inputs.items()
     }
-    wide = {name: t.double() if t is not None and t.is_floating_point() else t for name, t in inputs.items()}
-    truth = _known_answer(**wide)
-    naive = _known_answer(**inputs)
-    naive_errors = tuple((n.double() - t).abs().max().item() for n, t in zip(naive, truth, strict=True))
+    truth, naive_errors = reference_answer(_known_answer, inputs)
     _assert_attention(masked_attention, inputs, *truth, dtype=dtype, naive_errors=naive_errors, note=note)
 
 
@@ -1160,13 +1151,7 @@ def masked_attention_against_reference(
         inputs["mask"] = make_mask(mask_shape, seed=base + 5, device=device)
         for dtype in dtypes:
             cast = {name: t.to(dtype) if t.is_floating_point() else t for name, t in inputs.items()}
-            truth = reference(
-                **{name: t.double() if t.is_floating_point() else t for name, t in cast.items()}
-            )
-            naive = reference(**cast)
-            naive_errors = tuple(
-                (n.double() - t).abs().max().item() for n, t in zip(naive, truth, strict=True)
-            )
+            truth, naive_errors = reference_answer(reference, cast)
             _assert_attention(masked_attention, cast, *truth, dtype=dtype, naive_errors=naive_errors)
 
 
