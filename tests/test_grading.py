@@ -1,8 +1,9 @@
 """The nbgrader round trip, and the course's grader against it.
 
-In a scratch course directory: ``nbgrader generate_assignment``, then ``nbgrader autograde`` of a solved
-submission, the blank release, buggy submissions (one wrong function from the bank each), and
-submissions that deleted or edited a test cell or print to stderr. Each gets the points expected, and
+In a scratch course directory, with the course's nbgrader_config.py and nbgrader's own commands:
+``generate_assignment``, ``autograde`` and ``generate_feedback`` of a solved submission, the blank
+release, buggy submissions (one wrong function from the bank each), and submissions that deleted or
+edited a test cell or print to stderr. Each gets the points expected, and
 ``attention-grade`` gives the same points, cell by cell. ``nbgrader validate`` passes on every source
 notebook, and ``nbgrader validate --invert`` finds that no test cell of a release passes.
 """
@@ -167,6 +168,10 @@ def round_trip(request, tmp_path_factory):
             }
             for case in cases
         }
+    feedback = nbgrader("generate_feedback", assignment, "--force", cwd=course)
+    assert feedback.returncode == 0, feedback.stdout + feedback.stderr
+    for case in cases:
+        assert (course / "feedback" / case.student / assignment / f"{assignment}.html").is_file()
     ours = grade(assignment, paths, root=course, limits=Limits(), jobs=2)
     by_us = {result.student: {cell.grade_id: cell.points for cell in result.cells} for result in ours}
     return cases, by_nbgrader, by_us, {result.student: result for result in ours}
