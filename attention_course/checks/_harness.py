@@ -240,6 +240,17 @@ def randn(
     return values.to(device=device, dtype=dtype)
 
 
+def random_attention_inputs(
+    lead: Sequence[int], q_len: int, k_len: int, d_k: int, d_v: int, *, seed: int, device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """Float64 N(0, 1) query [*lead, q_len, d_k], key [*lead, k_len, d_k] and value [*lead, k_len, d_v]."""
+    return {
+        "query": randn((*lead, q_len, d_k), seed=seed, device=device),
+        "key": randn((*lead, k_len, d_k), seed=seed + 1, device=device),
+        "value": randn((*lead, k_len, d_v), seed=seed + 2, device=device),
+    }
+
+
 def random_mask(shape: Sequence[int], *, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """A boolean mask (True = may attend) with about 30% blocked and at least one allowed key per row."""
     generator = seeded_generator(seed)

@@ -30,6 +30,7 @@ from attention_course.checks._harness import (
     call,
     fail,
     randn,
+    random_attention_inputs,
     random_mask,
     reference_answer,
     unpack_output_and_weights,
@@ -322,16 +323,6 @@ def _sdpa_shape_hints(lead: tuple[int, ...], q_len: int, k_len: int, d_k: int, d
     }
 
 
-def _sdpa_inputs(
-    lead: tuple[int, ...], q_len: int, k_len: int, d_k: int, d_v: int, *, seed: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    return {
-        "query": randn((*lead, q_len, d_k), seed=seed, device=device),
-        "key": randn((*lead, k_len, d_k), seed=seed + 1, device=device),
-        "value": randn((*lead, k_len, d_v), seed=seed + 2, device=device),
-    }
-
-
 def _assert_sdpa(
     sdpa: Callable[..., Any],
     inputs: dict[str, torch.Tensor | None],
@@ -385,7 +376,7 @@ def check_sdpa_shapes(sdpa: Callable[..., Any]) -> None:
     device = default_device()
     q_len, k_len, d_k, d_v = 5, 7, 4, 6  # every size different, so a swapped axis cannot pass
     for lead in ((), (2,), (2, 3)):
-        inputs = _sdpa_inputs(lead, q_len, k_len, d_k, d_v, seed=10, device=device)
+        inputs = random_attention_inputs(lead, q_len, k_len, d_k, d_v, seed=10, device=device)
         inputs = {name: tensor.float() for name, tensor in inputs.items()}
         call_text = str(Call(SDPA, inputs))
         try:
@@ -419,7 +410,7 @@ def check_sdpa_matches_builtin(sdpa: Callable[..., Any]) -> None:
     __tracebackhide__ = True
     device = default_device()
     # a known answer: when every key is the same, every weight is 1 / k_len and the output is the mean value
-    inputs = _sdpa_inputs((2, 3), 5, 7, 4, 6, seed=20, device=device)
+    inputs = random_attention_inputs((2, 3), 5, 7, 4, 6, seed=20, device=device)
     inputs["key"] = inputs["key"][..., :1, :].repeat(1, 1, 7, 1)
     weights = torch.full((2, 3, 5, 7), 1 / 7, dtype=torch.float64, device=device)
     output = inputs["value"].mean(dim=-2, keepdim=True).expand(2, 3, 5, 6)
@@ -432,7 +423,7 @@ def check_sdpa_matches_builtin(sdpa: Callable[..., Any]) -> None:
         note="With identical keys every weight is 1/k_len and the output is the mean of the values.",
     )
     # random inputs against PyTorch
-    inputs = _sdpa_inputs((2, 3), 5, 7, 4, 6, seed=21, device=device)
+    inputs = random_attention_inputs((2, 3), 5, 7, 4, 6, seed=21, device=device)
     _assert_sdpa(sdpa, inputs, *_builtin_answer(inputs), dtype=torch.float64)
 
 
@@ -440,7 +431,7 @@ def check_sdpa_mask(sdpa: Callable[..., Any]) -> None:
     """A boolean mask (True = may attend) of several broadcastable shapes agrees with PyTorch's SDPA."""
     __tracebackhide__ = True
     device = default_device()
-    inputs = _sdpa_inputs((2, 3), 5, 7, 4, 6, seed=30, device=device)
+    inputs = random_attention_inputs((2, 3), 5, 7, 4, 6, seed=30, device=device)
     for seed, shape in enumerate(((5, 7), (2, 1, 1, 7), (2, 3, 5, 7))):
         masked = {**inputs, "mask": random_mask(shape, seed=31 + seed, device=device)}
         _assert_sdpa(sdpa, masked, *_builtin_answer(masked), dtype=torch.float64)
@@ -453,7 +444,7 @@ def check_sdpa_dtype_and_inputs(sdpa: Callable[..., Any]) -> None:
     for dtype in (torch.float64, torch.float32, torch.float16):
         inputs = {
             name: tensor.to(dtype)
-            for name, tensor in _sdpa_inputs((2, 3), 5, 7, 4, 6, seed=40, device=device).items()
+            for name, tensor in random_attention_inputs((2, 3), 5, 7, 4, 6, seed=40, device=device).items()
         }
         inputs["mask"] = random_mask((2, 1, 5, 7), seed=41, device=device)
         (output, weights), naive_errors = reference_answer(_plain_attention, inputs)
@@ -467,7 +458,7 @@ def check_sdpa_from_scratch(sdpa: Callable[..., Any]) -> None:
         check_sdpa_matches_builtin(sdpa)
     except CheckFailure as failure:
         fail(f"{SDPA} must be correct before it counts as written from scratch. {failure}")
-    inputs = _sdpa_inputs((2, 3), 5, 7, 4, 6, seed=50, device=default_device())
+    inputs = random_attention_inputs((2, 3), 5, 7, 4, 6, seed=50, device=default_device())
     mask = random_mask((2, 1, 5, 7), seed=51, device=default_device())
     assert_from_scratch(
         sdpa, SDPA, [inputs, {**inputs, "mask": mask}], ATTENTION_BUILTINS, "scaled dot-product attention"
@@ -493,7 +484,7 @@ def sdpa_against_reference(
         for dtype in dtypes:
             inputs: dict[str, Any] = {
                 name: tensor.to(dtype)
-                for name, tensor in _sdpa_inputs(
+                for name, tensor in random_attention_inputs(
                     lead, q_len, k_len, d_k, d_v, seed=seed + 10 * case, device=device
                 ).items()
             }
@@ -511,7 +502,8 @@ def sdpa_from_scratch_everywhere(sdpa: Callable[..., Any]) -> None:
     cases = []
     for dtype in DTYPES:
         inputs = {
-            name: t.to(dtype) for name, t in _sdpa_inputs((3,), 6, 9, 8, 5, seed=60, device=device).items()
+            name: t.to(dtype)
+            for name, t in random_attention_inputs((3,), 6, 9, 8, 5, seed=60, device=device).items()
         }
         cases += [inputs, {**inputs, "mask": random_mask((3, 6, 9), seed=61, device=device)}]
     assert_from_scratch(sdpa, SDPA, cases, ATTENTION_BUILTINS, "scaled dot-product attention")

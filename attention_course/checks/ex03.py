@@ -31,7 +31,7 @@ from attention_course.checks._harness import (
     call,
     describe,
     fail,
-    randn,
+    random_attention_inputs,
     reference_answer,
     unpack_output_and_weights,
 )
@@ -822,16 +822,6 @@ _ATTENTION_HINTS = (
 _EMPTY_RULE = "The course's rule: a query whose mask row allows no key gets zero weights and a zero output."
 
 
-def _attention_inputs(
-    lead: tuple[int, ...], q_len: int, k_len: int, d_k: int, d_v: int, *, seed: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    return {
-        "query": randn((*lead, q_len, d_k), seed=seed, device=device),
-        "key": randn((*lead, k_len, d_k), seed=seed + 1, device=device),
-        "value": randn((*lead, k_len, d_v), seed=seed + 2, device=device),
-    }
-
-
 def _mixed_mask(shape: Sequence[int], *, seed: int, device: torch.device) -> torch.Tensor:
     """A random boolean mask whose every row has a True and a False (so its inverse has no empty row)."""
     generator = seeded_generator(seed)
@@ -1047,7 +1037,7 @@ def check_masked_attention_matches_sdpa(masked_attention: Callable[..., Any]) ->
     """With masks of several shapes (each row allowing a key), or none, it agrees with PyTorch's SDPA."""
     __tracebackhide__ = True
     device = default_device()
-    inputs = _attention_inputs((2, 3), 5, 7, 4, 6, seed=80, device=device)  # [batch, heads, len, d]
+    inputs = random_attention_inputs((2, 3), 5, 7, 4, 6, seed=80, device=device)  # [batch, heads, len, d]
     masks = [
         _mixed_mask((2, 3, 5, 7), seed=81, device=device),  # [batch, heads, q_len, k_len]
         _mixed_mask((5, 7), seed=82, device=device),  # [q_len, k_len]
@@ -1065,7 +1055,7 @@ def check_masked_attention_matches_sdpa(masked_attention: Callable[..., Any]) ->
 
 def _empty_row_cases(device: torch.device) -> list[dict[str, Any]]:
     """Left padding under a causal mask, and a random per-head mask where a third of the rows are empty."""
-    inputs = _attention_inputs((2, 3), 5, 7, 4, 6, seed=90, device=device)  # [batch, heads, len, d]
+    inputs = random_attention_inputs((2, 3), 5, 7, 4, 6, seed=90, device=device)  # [batch, heads, len, d]
     return [
         {**inputs, "mask": _left_padded_causal(device)},  # [batch, 1, q_len, k_len]
         {**inputs, "mask": _mask_with_empty_rows((2, 3, 5, 7), seed=91, device=device)},
@@ -1102,10 +1092,10 @@ def check_masked_attention_dtype_and_inputs(masked_attention: Callable[..., Any]
     padding = torch.tensor(_TOKENS[:2], device=device).ne(0)[:, None, None, :]  # [batch, 1, 1, k_len]
     causal = torch.ones(5, 7, dtype=torch.bool, device=device).tril(2)  # [q_len, k_len]
     cases = [
-        {**_attention_inputs((2, 3), 5, 7, 4, 6, seed=100, device=device), "mask": padding},
-        {**_attention_inputs((3,), 5, 7, 4, 6, seed=101, device=device), "mask": causal},
+        {**random_attention_inputs((2, 3), 5, 7, 4, 6, seed=100, device=device), "mask": padding},
+        {**random_attention_inputs((3,), 5, 7, 4, 6, seed=101, device=device), "mask": causal},
         {
-            **_attention_inputs((), 5, 7, 4, 6, seed=102, device=device),
+            **random_attention_inputs((), 5, 7, 4, 6, seed=102, device=device),
             "mask": _mixed_mask((5, 7), seed=103, device=device),
         },
     ]
@@ -1145,7 +1135,9 @@ def masked_attention_against_reference(
     device = default_device()
     for case, (lead, q_len, k_len, d_k, d_v) in enumerate(_REFERENCE_SHAPES):
         base = seed + 10 * case
-        inputs: dict[str, Any] = _attention_inputs(lead, q_len, k_len, d_k, d_v, seed=base, device=device)
+        inputs: dict[str, Any] = random_attention_inputs(
+            lead, q_len, k_len, d_k, d_v, seed=base, device=device
+        )
         mask_shape = (*lead[:1], *([1] * len(lead[1:])), q_len, k_len)
         make_mask = _mask_with_empty_rows if empty_rows else _mixed_mask
         inputs["mask"] = make_mask(mask_shape, seed=base + 5, device=device)
@@ -1163,7 +1155,7 @@ def masked_attention_from_scratch_everywhere(masked_attention: Callable[..., Any
     for dtype in DTYPES:
         inputs = {
             name: t.to(dtype)
-            for name, t in _attention_inputs((3,), 6, 9, 8, 5, seed=60, device=device).items()
+            for name, t in random_attention_inputs((3,), 6, 9, 8, 5, seed=60, device=device).items()
         }
         cases += [
             {**inputs, "mask": None},
