@@ -27,7 +27,7 @@ import nbformat
 from rich.console import Console
 from rich.table import Table
 
-from attention_course.grading.assignments import ASSIGNMENTS
+from attention_course.registry import ASSIGNMENTS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVIRONMENT = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -52,7 +52,7 @@ def make_course(assignment_id: str, count: int, folder: Path) -> None:
     shutil.copy(assignment.source(ROOT), assignment.source(folder))
     run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment_id, "--force"], folder)
     release = nbformat.read(assignment.release(folder), as_version=4)
-    reference = __import__(assignment.reference_module, fromlist=["_"])
+    reference = __import__(assignment.reference, fromlist=["_"])
     names = [
         cell.source.split("def ", 1)[1].split("(", 1)[0]
         for cell in release.cells

@@ -1,10 +1,19 @@
-"""Reading the exercise notebooks the way the tests need them: test cells, solution cells, submissions."""
+"""The exercises as the tests need them: test cells, the learner's functions, submissions, verdicts.
+
+Everything about an assignment comes from the registry (:mod:`attention_course.registry`): its test cells
+are the behaviours of its checks module, each naming the function it checks. Learner code is compiled as
+IPython compiles a cell (its source registered in ``linecache``), then run in one namespace after the
+setup cell, as in a notebook.
+"""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import inspect
+import linecache
+import secrets
+import tempfile
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +23,11 @@ from types import ModuleType
 import nbformat
 from nbformat import NotebookNode
 
-from attention_course.grading.assignments import ASSIGNMENTS
+from attention_course.checks.engine import Behaviour, CheckFailure
+from attention_course.grading import split
+from attention_course.grading.recorder import Recorder
+from attention_course.registry import ASSIGNMENTS, Assignment
+from tests.banks import _bank
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -22,13 +35,23 @@ HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 @dataclass(frozen=True)
 class TestCell:
-    """One nbgrader test cell of a source notebook."""
+    """One nbgrader test cell of a source notebook, and the behaviour it runs."""
 
-    grade_id: str
-    points: float
+    behaviour: Behaviour
     visible: str  # the code before ### BEGIN HIDDEN TESTS
     hidden: str  # the code between the hidden-test markers
-    function: str  # the learner's function it checks
+
+    @property
+    def grade_id(self) -> str:
+        return self.behaviour.name
+
+    @property
+    def function(self) -> str:
+        return self.behaviour.function
+
+    @property
+    def points(self) -> float:
+        return self.behaviour.points
 
     @property
     def full(self) -> str:
@@ -39,18 +62,25 @@ class TestCell:
 class Exercise:
     """What the tests need to know of one assignment."""
 
-    id: str
+    assignment: Assignment
     setup: str  # the code of the locked, ungraded code cells
     functions: tuple[str, ...]  # the functions the learner writes, in order
     tests: tuple[TestCell, ...]
-    bank: ModuleType  # tests/banks/<exNN>.py: WRONG and RIGHT implementations
+    bank: ModuleType
     reference: ModuleType
 
+    @property
+    def id(self) -> str:
+        return self.assignment.id
+
     def source_notebook(self) -> NotebookNode:
-        return nbformat.read(ASSIGNMENTS[self.id].source(ROOT), as_version=4)
+        return nbformat.read(self.assignment.source(ROOT), as_version=4)
 
     def release_notebook(self) -> NotebookNode:
-        return nbformat.read(ASSIGNMENTS[self.id].release(ROOT), as_version=4)
+        return nbformat.read(self.assignment.release(ROOT), as_version=4)
+
+    def cells_of(self, function: str) -> list[TestCell]:
+        return [cell for cell in self.tests if cell.function == function]
 
 
 def _is(cell: NotebookNode, flag: str) -> bool:
@@ -62,8 +92,10 @@ def defined_functions(source: str) -> list[str]:
 
 
 def load_exercise(assignment_id: str) -> Exercise:
-    """Parse the source notebook of ``assignment_id`` and load its bank of implementations."""
-    notebook = nbformat.read(ASSIGNMENTS[assignment_id].source(ROOT), as_version=4)
+    """Read the source notebook of ``assignment_id``; its test cells must be the registry's behaviours."""
+    assignment = ASSIGNMENTS[assignment_id]
+    notebook = nbformat.read(assignment.source(ROOT), as_version=4)
+    behaviours = {behaviour.name: behaviour for behaviour in assignment.behaviours()}
     setup, functions, tests = [], [], []
     for cell in notebook.cells:
         if cell.cell_type != "code":
@@ -72,21 +104,17 @@ def load_exercise(assignment_id: str) -> Exercise:
             functions += defined_functions(cell.source)
         elif _is(cell, "grade"):
             visible, _, rest = cell.source.partition(HIDDEN_BEGIN)
-            hidden = rest.partition(HIDDEN_END)[0]
-            used = {node.id for node in ast.walk(ast.parse(cell.source)) if isinstance(node, ast.Name)}
-            (function,) = [name for name in functions if name in used]
-            points = float(cell.metadata.nbgrader["points"])
-            tests.append(TestCell(cell.metadata.nbgrader["grade_id"], points, visible, hidden, function))
+            behaviour = behaviours[cell.metadata.nbgrader["grade_id"]]
+            tests.append(TestCell(behaviour, visible, rest.partition(HIDDEN_END)[0]))
         else:
             setup.append(cell.source)
-    short = assignment_id.split("_")[0]
     return Exercise(
-        assignment_id,
+        assignment,
         "\n".join(setup),
         tuple(functions),
         tuple(tests),
-        importlib.import_module(f"tests.banks.{short}"),
-        importlib.import_module(ASSIGNMENTS[assignment_id].reference_module),
+        importlib.import_module(assignment.bank),
+        importlib.import_module(assignment.reference),
     )
 
 
@@ -96,6 +124,13 @@ def reference_sources(exercise: Exercise) -> dict[str, str]:
         name: textwrap.dedent(inspect.getsource(getattr(exercise.reference, name)))
         for name in exercise.functions
     }
+
+
+def _compile_cell(source: str, name: str) -> object:
+    """Compile ``source`` as IPython compiles a cell: under a file name whose lines ``linecache`` knows."""
+    filename = f"<solution cell {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    return compile(source, filename, "exec")
 
 
 def notebook_functions(exercise: Exercise, sources: dict[str, str]) -> dict[str, Callable]:
@@ -108,13 +143,19 @@ def notebook_functions(exercise: Exercise, sources: dict[str, str]) -> dict[str,
     namespace: dict = {"__name__": "__main__"}
     exec(compile(exercise.setup, "<setup>", "exec"), namespace)
     for name in exercise.functions:
-        exec(compile(sources[name], f"<solution cell {name}>", "exec"), namespace)
-    return {name: namespace[name] for name in exercise.functions}
+        if name in sources:
+            exec(_compile_cell(sources[name], name), namespace)
+    return {name: namespace[name] for name in exercise.functions if name in namespace}
 
 
 def reference_as_learner_code(exercise: Exercise) -> dict[str, Callable]:
     """The reference functions compiled from their source, as in a notebook (see notebook_functions)."""
     return notebook_functions(exercise, reference_sources(exercise))
+
+
+def implementation(exercise: Exercise, candidate: _bank.Implementation) -> Callable:
+    """A bank implementation compiled as learner code, on its own after the setup cell."""
+    return notebook_functions(exercise, {candidate.function: candidate.source})[candidate.function]
 
 
 def run_cell(exercise: Exercise, code: str, implementations: dict[str, Callable]) -> None:
@@ -125,15 +166,27 @@ def run_cell(exercise: Exercise, code: str, implementations: dict[str, Callable]
     exec(compile(code, "<test cell>", "exec"), namespace)
 
 
-def function_of(implementation: Callable) -> str:
-    """The exercise function a bank implementation stands for: the part of its name before ``__``."""
-    return implementation.__name__.split("__")[0]
+def together(exercise: Exercise, code: str, fn: Callable, name: str) -> CheckFailure | None:
+    """The failure that a test cell's ``code`` raises in one process with ``fn`` bound to ``name``, or None."""
+    try:
+        run_cell(exercise, code, {name: fn})
+    except CheckFailure as failure:
+        return failure
+    return None
 
 
-def submission_source(implementation: Callable) -> str:
-    """The source of a bank implementation, renamed to the exercise's function, for a notebook cell."""
-    source = textwrap.dedent(inspect.getsource(implementation))
-    return source.replace(f"def {implementation.__name__}(", f"def {function_of(implementation)}(", 1)
+def split_verdict(plans: split.Plans, cell: TestCell, fn: Callable) -> CheckFailure | None:
+    """The verdict on ``cell`` in split mode, in this process: record as a kernel does, judge as the grader.
+
+    Inputs and recordings go through files (JSON and safetensors), signed, as under ``attention-grade``.
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        session, key = Path(scratch), secrets.token_bytes(32)
+        split.write_inputs(plans, session / "inputs", names={cell.grade_id})
+        recorder = Recorder(session, key, generation=0)
+        recorder.record(cell.behaviour, False, fn)
+        recorder.record(cell.behaviour, True, fn)
+        return split.judge_cell(plans, cell.grade_id, session, key, generation=0, execution_count=0)
 
 
 def fill_solutions(notebook: NotebookNode, sources: dict[str, str]) -> NotebookNode:

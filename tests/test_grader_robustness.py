@@ -15,8 +15,8 @@ import textwrap
 import nbformat
 import pytest
 
-from attention_course.grading.assignments import ASSIGNMENTS
 from attention_course.grading.cli import Limits, grade, main
+from attention_course.registry import ASSIGNMENTS
 from tests.notebook_tools import ROOT, fill_solutions, load_exercise, reference_sources
 
 pytestmark = pytest.mark.slow

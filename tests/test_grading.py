@@ -19,10 +19,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from attention_course.checks._harness import CheckFailure
-from attention_course.grading.assignments import ASSIGNMENTS
+
 from attention_course.grading.cli import Limits, grade
+from attention_course.registry import ASSIGNMENTS
 from tests.notebook_tools import (
     ROOT,
     Exercise,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from attention_course.grading.assignments import ASSIGNMENTS
 from attention_course.grading.release import BEGIN, END, render_solution, stale_releases, synced_notebook
+from attention_course.registry import ASSIGNMENTS
 from tests.notebook_tools import HIDDEN_BEGIN, ROOT, load_exercise
 
 PRESENT = [name for name, assignment in sorted(ASSIGNMENTS.items()) if assignment.source(ROOT).exists()]

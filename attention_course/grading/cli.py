@@ -36,9 +36,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from attention_course.grading.assignments import ASSIGNMENTS, course_root
 from attention_course.grading.notebooks import CellResult, master_notebook, prepare, score
 from attention_course.grading.worker import GAVE_UP_EXIT
+from attention_course.registry import ASSIGNMENTS, course_root
 
 
 @dataclass(frozen=True)

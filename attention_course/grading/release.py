@@ -1,9 +1,11 @@
-"""Releasing the exercises: one source of truth for solutions, then ``nbgrader generate_assignment``.
+"""Releasing the exercises: one source of truth for solutions and tests, then nbgrader's generate_assignment.
 
 The functions a learner writes exist once, in the reference modules (``solutions/*.py``, which may
 re-export the library's). The solution cells of a source notebook are *generated* from them: the
 function's signature and docstring, then its body between ``### BEGIN SOLUTION`` and ``### END
-SOLUTION``. nbgrader then replaces each solution region with a stub in the student release.
+SOLUTION``. nbgrader then replaces each solution region with a stub in the student release. The test cells
+are generated too, from the behaviours of the assignment's checks module: a description line with the
+points, the visible part's line, and the hidden part's line between nbgrader's hidden-test markers.
 
 ``attention-release`` (``make release``) syncs the source notebooks and regenerates every release;
 ``attention-release --check`` changes nothing and fails when a source notebook or a committed release
@@ -25,12 +27,14 @@ import tempfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
-from attention_course.grading.assignments import ASSIGNMENTS, Assignment, course_root
+from attention_course.registry import ASSIGNMENTS, Assignment, course_root
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
 def render_solution(function: object) -> str:
@@ -56,6 +60,20 @@ def render_solution(function: object) -> str:
     return "\n".join([*header, f"    {BEGIN}", *body, f"    {END}"])
 
 
+def render_test_cell(behaviour: Any) -> str:
+    """The source of the test cell of ``behaviour``: its description and points, one line per part."""
+    points = f"{behaviour.points:g} point{'' if behaviour.points == 1 else 's'}"
+    return "\n".join(
+        [
+            f'"""{behaviour.description} ({points})"""',
+            f"checks.{behaviour.name}({behaviour.function})",
+            HIDDEN_BEGIN,
+            f"checks.{behaviour.name}.hidden({behaviour.function})",
+            HIDDEN_END,
+        ]
+    )
+
+
 def _defined_function(cell_source: str) -> str | None:
     try:
         tree = ast.parse(cell_source)
@@ -66,17 +84,37 @@ def _defined_function(cell_source: str) -> str | None:
 
 
 def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.NotebookNode, list[str]]:
-    """The source notebook with every solution cell regenerated from the reference module.
+    """The source notebook with its solution and test cells regenerated from the reference and the checks.
 
     Returns:
-        The notebook and the names of the functions whose cells changed.
+        The notebook and the names of the functions and behaviours whose cells changed.
 
     Raises:
-        ValueError: if a solution code cell does not define exactly one function of the reference module.
+        ValueError: if a solution code cell does not define exactly one function of the reference module,
+            or the test cells are not the behaviours of the checks module, in its order.
     """
-    module = importlib.import_module(assignment.reference_module)
+    module = importlib.import_module(assignment.reference)
     notebook = nbformat.read(assignment.source(root), as_version=4)
+    behaviours = list(assignment.behaviours())
+    tests = [
+        cell
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        and cell.metadata.get("nbgrader", {}).get("grade")
+        and not cell.metadata.nbgrader.get("solution")
+    ]
+    ids = [cell.metadata.nbgrader.get("grade_id") for cell in tests]
+    if ids != [behaviour.name for behaviour in behaviours]:
+        raise ValueError(
+            f"the test cells of {assignment.id} are {ids}, but {assignment.checks}.BEHAVIOURS names "
+            f"{[behaviour.name for behaviour in behaviours]}"
+        )
     changed = []
+    for cell, behaviour in zip(tests, behaviours, strict=True):
+        rendered = render_test_cell(behaviour)
+        if cell.source != rendered or cell.metadata.nbgrader.get("points") != behaviour.points:
+            cell.source, cell.metadata.nbgrader["points"] = rendered, behaviour.points
+            changed.append(behaviour.name)
     for cell in notebook.cells:
         metadata = cell.metadata.get("nbgrader", {})
         if cell.cell_type != "code" or not metadata.get("solution") or metadata.get("grade"):
@@ -85,7 +123,7 @@ def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.Notebo
         if name is None or not hasattr(module, name):
             raise ValueError(
                 f"solution cell {metadata.get('grade_id')!r} of {assignment.id} must define exactly one "
-                f"function of {assignment.reference_module}"
+                f"function of {assignment.reference}"
             )
         rendered = render_solution(getattr(module, name))
         if cell.source != rendered:
@@ -146,7 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for assignment in chosen:
         notebook, changed = synced_notebook(assignment, root)
         if changed and arguments.check:
-            problems.append(f"{assignment.source(root)}: solution cells differ from the reference: {changed}")
+            problems.append(
+                f"{assignment.source(root)}: cells differ from the reference and checks: {changed}"
+            )
         elif changed:
             nbformat.write(notebook, assignment.source(root))
             print(f"synced {', '.join(changed)} into {assignment.source(root).relative_to(root)}")

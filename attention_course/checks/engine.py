@@ -1,0 +1,762 @@
+"""The check engine: what a test cell checks, how a learner's function is called, and where it is judged.
+
+A **behaviour** is what one test cell checks: its name is the cell's nbgrader ``grade_id``; it names the
+learner's function and its points; its *plan* yields the :class:`Check` s of the visible or the hidden
+part. A check is one or more :class:`Call` s of the learner's function (the arguments are data) and a
+*judge*, which decides from what came back whether the behaviour holds, or raises :class:`CheckFailure`:
+what was called, what was expected, what came back, the likely cause. A test cell has one line per part::
+
+    checks.sdpa_mask(scaled_dot_product_attention)           # visible: properties, known answers, built-ins
+    checks.sdpa_mask.hidden(scaled_dot_product_attention)    # hidden: more inputs, against the reference
+
+A behaviour runs in one of two modes, with the same plan and the same judges. **Together**, in one
+process: a learner running a visible check, or ``nbgrader autograde``, which runs test cells (hidden parts
+included) in the learner's kernel. **Split**, under ``attention-grade``: the grader makes the plans and
+writes the calls' arguments to files; in the learner's kernel a recorder (:mod:`attention_course.grading.
+recorder`) only calls the learner's function on them and records what came back; the judges run in the
+grader's own process (:mod:`attention_course.grading.split`), which never runs learner code.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import importlib
+import inspect
+import math
+import sys
+import types
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, NoReturn
+
+import torch
+
+from attention_course import registry
+from attention_course.device import default_device, seeded_generator
+
+# the profiler's switches, taken when the checks are imported (before a learner's cell can replace them)
+_SETPROFILE, _GETPROFILE = sys.setprofile, sys.getprofile
+# the recorder that attention-grade installs in a kernel, before any cell runs: then behaviours record
+RECORDER: list[Any] = []
+
+
+class CheckFailure(AssertionError):
+    """A behaviour does not hold: the ``call``, what was ``expected``, what was ``got``, the likely ``cause``.
+
+    ``str()`` is the learner's message: ``message``, then ``Likely cause: ...`` when a cause is known, then
+    any ``notes``. Reports use the fields; nothing parses the message.
+    """
+
+    def __init__(
+        self, message: str, *, call="", expected="", got="", cause="", notes=(), raised=False
+    ) -> None:
+        super().__init__(message)
+        self.message, self.call, self.expected, self.got, self.cause = message, call, expected, got, cause
+        self.notes, self.raised = tuple(notes), raised  # raised: the learner's function raised an exception
+
+    def __str__(self) -> str:
+        text = self.message + (f"\n  Likely cause: {self.cause}." if self.cause else "")
+        return text + "".join(f"\n  {note}" for note in self.notes)
+
+    def amended(self, *, before: str = "", note: str = "", call: str = "") -> CheckFailure:
+        """The same failure with ``before`` put in front, ``note`` after, and ``call`` if it had none."""
+        failure = copy.copy(self)
+        failure.message, failure.call = before + self.message, self.call or call
+        failure.notes = (*self.notes, note) if note else self.notes
+        return failure
+
+    def fields(self) -> dict[str, str]:
+        """The parts of the failure, for reports."""
+        return {"call": self.call, "expected": self.expected, "got": self.got, "cause": self.cause}
+
+
+def fail(message: str, cause: str = "", **fields: Any) -> NoReturn:
+    """Raise :class:`CheckFailure` (``fields``: ``call``, ``expected``, ``got``, ``notes``)."""
+    raise CheckFailure(message, cause=cause, **fields)
+
+
+def hide_engine_frames(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Make an entry point raise :class:`CheckFailure` without the engine's frames in the traceback."""
+
+    @functools.wraps(method)
+    def entry_point(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # IPython and pytest hide this frame too
+        try:
+            return method(*args, **kwargs)
+        except CheckFailure as failure:
+            raise failure.with_traceback(None) from None
+
+    return entry_point
+
+
+# ==================================================================================================
+# values and calls
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """A returned object that is neither a tensor nor a plain Python value, as a recording describes it."""
+
+    type_name: str
+    text: str  # its repr, shortened
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """A ``torch.Generator`` argument seeded with ``seed``: each call gets a fresh one, on the CPU."""
+
+    seed: int
+
+    def __repr__(self) -> str:
+        return f"torch.Generator(seed={self.seed})"
+
+
+def type_name(value: Any) -> str:
+    """The type of ``value`` as the learner's code made it (also for a :class:`Foreign` of a recording)."""
+    return value.type_name if isinstance(value, Foreign) else type(value).__name__
+
+
+def describe(value: Any) -> str:
+    """``float32 [2, 3, 5, 4] on cuda:0`` for a tensor; a short repr for anything else."""
+    if isinstance(value, torch.Tensor):
+        where = "" if value.device.type == "cpu" else f" on {value.device}"
+        return f"{dtype_name(value.dtype)} {list(value.shape)}{where}"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{type_name(value)} ({text[:37]}...)"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """One call of the learner's function, its arguments by keyword unless ``positional`` (``*args``)."""
+
+    function: str
+    arguments: dict[str, Any]
+    positional: bool = False
+    label: str = ""  # said after the call in messages: " with the positions of x permuted"
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"{name}: {describe(value)}" for name, value in self.arguments.items())
+        return f"{self.function}({shown}){self.label}"
+
+    def copies(self) -> tuple[list[Any], dict[str, Any]]:
+        """Fresh copies of the arguments (tensors cloned, generators made), as ``(args, kwargs)``."""
+        values = {
+            name: value.clone() if isinstance(value, torch.Tensor) else value
+            for name, value in self.arguments.items()
+        }
+        values = {k: seeded_generator(v.seed) if isinstance(v, Seeded) else v for k, v in values.items()}
+        return (list(values.values()), {}) if self.positional else ([], values)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of the learner's function did."""
+
+    value: Any = None
+    raised: str = ""  # the type of the exception it raised, if it raised one
+    message: str = ""  # and its message
+    not_implemented: bool = False  # it raised NotImplementedError (the blank stub)
+    after: dict[str, Any] = field(default_factory=dict)  # tensor arguments as the function left them
+    calls: tuple[tuple[str, str], ...] = ()  # (module, name) of what it called outside its notebook
+    warnings: tuple[str, ...] = ()
+    observed: bool = True  # False: the profiler was switched off or replaced, its calls are unknown
+
+
+@dataclass(frozen=True)
+class Learner:
+    """What is known of the learner's function before it is called."""
+
+    shown: str  # describe(fn)
+    is_callable: bool
+    module: str = ""
+    name: str = ""
+    fingerprint: str = ""  # of its code, to recognise the course's own code loaded with exec()
+    has_source: bool = True  # Python knows its source (False: made by exec() from a string)
+
+
+def inspect_learner(fn: Any) -> Learner:
+    """Describe the learner's function ``fn`` (in the learner's process)."""
+    code = getattr(fn, "__code__", None)
+    try:
+        has_source = bool(inspect.getsource(fn))
+    except (OSError, TypeError):
+        has_source = False
+    return Learner(
+        describe(fn),
+        callable(fn),
+        str(getattr(fn, "__module__", "") or ""),
+        str(getattr(fn, "__name__", "") or ""),
+        fingerprint(code) if isinstance(code, types.CodeType) else "",
+        has_source,
+    )
+
+
+def fingerprint(code: types.CodeType) -> str:
+    """A digest of a code object's names, constants (its docstring among them) and arguments.
+
+    It leaves out where the code was defined and its bytecode, which depends on how the source was compiled
+    (``from __future__`` flags): ``exec()`` of a function's source gives the function's fingerprint.
+    """
+    digest = hashlib.sha256()
+    for part in (code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount):
+        digest.update(repr(part).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            digest.update(fingerprint(const).encode())
+        else:  # a frozenset's repr follows the process's hash seed: sort it
+            digest.update(repr(sorted(map(repr, const)) if isinstance(const, frozenset) else const).encode())
+    return digest.hexdigest()
+
+
+def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
+    """Call ``fn`` on copies of ``call``'s arguments and note what happened (in the learner's process).
+
+    Python functions are seen on entry and C functions (``torch.softmax``, ``Tensor.softmax``, SDPA) when
+    called, through :func:`sys.setprofile`, so that neither an alias nor a helper hides a built-in; calls
+    inside the learner's own notebook (the function's globals) are left out. A canary call proves that the
+    profiler sees calls: a function that switches it off or replaces it is not ``observed``. The call runs
+    with torch's global generators seeded with ``seed`` (its place in its part) and restored afterwards,
+    so that its outcome does not depend on what ran before. ``BaseException`` s (a time limit's
+    ``KeyboardInterrupt``) are not caught.
+    """
+    owner = getattr(fn, "__globals__", None)
+    args, kwargs = call.copies()
+    seen: dict[tuple[str, str], None] = {}
+    listening = [True]  # off before the profiler is restored, so that the engine's own calls are left out
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if listening[0] and event == "call" and frame.f_globals is not owner:
+            seen[(str(frame.f_globals.get("__name__", "")), frame.f_code.co_name)] = None
+        elif listening[0] and event == "c_call":
+            module, name = str(getattr(arg, "__module__", "") or ""), str(getattr(arg, "__name__", ""))
+            if module.startswith("torch._ops") and not name:  # an overload, torch.ops.aten.softmax.int
+                name = repr(frame.f_locals.get("self"))[:80]
+            seen[(module, name)] = None
+
+    value, error, canary = None, None, False
+    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    with warnings.catch_warnings(record=True) as caught, torch.random.fork_rng(devices=devices):
+        warnings.simplefilter("always")
+        torch.manual_seed(seed)
+        previous = _GETPROFILE()
+        _SETPROFILE(profile)
+        try:
+            len(())  # the canary
+            canary = ("builtins", "len") in seen
+            seen.clear()
+            value = fn(*args, **kwargs)
+        except Exception as exception:  # the learner's code may raise anything
+            error = exception
+        finally:
+            listening[0] = False
+            intact = _GETPROFILE() is profile
+            _SETPROFILE(previous)
+    messages = tuple(dict.fromkeys(str(w.message) for w in caught))
+    for message in messages:
+        print(f"note: {call.function} emitted a warning: {message}")  # stdout: a warning is not a failure
+    passed = dict(zip(call.arguments, args, strict=True)) if call.positional else kwargs
+    return Outcome(
+        value,
+        type(error).__name__ if error is not None else "",
+        str(error) if error is not None else "",
+        isinstance(error, NotImplementedError),
+        {name: v for name, v in passed.items() if isinstance(v, torch.Tensor)},
+        tuple(seen),
+        messages,
+        canary and intact,
+    )
+
+
+# ==================================================================================================
+# the course's own answers, and what a function may not call
+
+
+def is_answer_module(module: str) -> bool:
+    """Whether ``module`` holds answers: the reference solutions, or a library module they re-export."""
+    return any(module == answer or module.startswith(answer + ".") for answer in registry.answer_modules())
+
+
+@functools.cache
+def answer_fingerprints() -> dict[str, str]:
+    """``{fingerprint: "module.function"}`` for every function of every importable answer module."""
+    found = {}
+    for name in (*registry.answer_modules(), *registry.reference_modules()):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # the reference solutions are only where grading happens
+            continue
+        for function in vars(module).values():
+            if inspect.isfunction(function) and function.__module__ == name:
+                found[fingerprint(function.__code__)] = f"{name}.{function.__name__}"
+    return found
+
+
+def judge_learner(learner: Learner, name: str) -> None:
+    """Fail if the learner's function is not a function, or is the course's own answer."""
+    if not learner.is_callable:
+        fail(f"{name} is not a function (got {learner.shown}): run the cell that defines it.")
+    if is_answer_module(learner.module):
+        fail(
+            f"{name} is the course's own {learner.module}.{learner.name or name}, imported rather than "
+            "written: the exercise is to write it yourself."
+        )
+    copied = answer_fingerprints().get(learner.fingerprint) if learner.fingerprint else None
+    if copied and not learner.has_source:
+        fail(
+            f"{name} is the course's own {copied}, loaded with exec() rather than written in the notebook: "
+            "the exercise is to write it yourself."
+        )
+
+
+_PROFILER_SWITCHES = {("sys", "setprofile"), ("sys", "settrace"), ("threading", "setprofile")}
+_CONCURRENCY = ("threading", "_thread", "multiprocessing", "concurrent")  # where calls are not seen
+
+
+def _judge_calls(call: Call, outcome: Outcome) -> None:
+    """Fail if the call could not be observed, or called one of the course's own answers."""
+    hidden = [
+        f"{m}.{n}" for m, n in outcome.calls if (m, n) in _PROFILER_SWITCHES or m.startswith(_CONCURRENCY)
+    ]
+    if not outcome.observed or hidden:
+        which = f" ({', '.join(hidden)})" if hidden else ""
+        fail(
+            f"{call} could not be observed: it switched off or replaced Python's profiler (sys.setprofile), "
+            "or "
+            f"ran code in another thread{which}, so the checks cannot see which functions it calls."
+        )
+    answers = sorted({f"{m}.{n}" for m, n in outcome.calls if is_answer_module(m)})
+    if answers:
+        fail(
+            f"{call} calls the course's own {', '.join(answers)}: the exercise is to write it yourself, "
+            "without the reference solutions or the course library's answers."
+        )
+
+
+@dataclass(frozen=True)
+class FromScratch:
+    """A "from scratch" rule: no function whose name contains one of ``words`` (case-insensitive)."""
+
+    what: str  # what the task asks to write ("softmax", "scaled dot-product attention")
+    words: tuple[str, ...]
+
+    def check(self, calls: Sequence[Call]) -> Check:
+        """A check that no call of ``calls`` uses a function this rule forbids, whatever it returns."""
+
+        def judge(*outcomes: Outcome) -> None:
+            for call, outcome in zip(calls, outcomes, strict=True):
+                found = dict.fromkeys(f"{m}.{n}" if m else n for m, n in outcome.calls if self.forbids(n))
+                if found:
+                    fail(
+                        f"{call} calls {', '.join(found)}: the task is to write {self.what} from scratch, so "
+                        "a built-in that computes it (or the course's reference) cannot be used here."
+                    )
+
+        return Check(tuple(calls), judge, raw=True)
+
+    def forbids(self, name: str) -> bool:
+        return any(word in name.lower() for word in self.words)
+
+
+# ==================================================================================================
+# exceptions: the likely cause from the message
+
+Hints = Sequence[tuple[str, str]]  # ("pattern | pattern", hint): the hint of an exception with a pattern
+
+
+def hint_table(text: str) -> Hints:
+    """Hints from a table: a line of patterns separated by `` | ``, then the hint on indented lines."""
+    rows: list[list[str]] = []
+    for line in text.strip("\n").splitlines():
+        if line.startswith(" "):
+            rows[-1][1] = f"{rows[-1][1]} {line.strip()}".strip()
+        else:
+            rows.append([line.strip(), ""])
+    return tuple((patterns, hint) for patterns, hint in rows)
+
+
+GENERAL_HINTS = hint_table("""
+cannot be converted to type | without overflow
+    a fill value such as -1e9 does not fit in float16 (its largest value is 65504): fill masked scores with
+    float('-inf') or torch.finfo(scores.dtype).min
+bitwise_and | bitwise_or
+    masks are combined with & only when both are boolean: build them with dtype=torch.bool
+    (torch.ones(..., dtype=torch.bool)) or call .bool()
+with a bool tensor is not supported
+    a boolean mask is negated with ~mask (logical not), not with 1 - mask or -mask
+only supports boolean masks
+    masked_fill takes a boolean mask (True where it fills): build it with dtype=torch.bool, or compare
+    (mask == 0) to get one
+return_types.max | return_types.min
+    x.max(dim) returns a pair (values, indices): use x.amax(dim=dim, keepdim=True), or
+    x.max(dim=dim, keepdim=True).values
+must be a 3D tensor
+    torch.bmm takes 3-D tensors [batch, n, m] only: with several leading axes (batch, heads) use @
+    (torch.matmul), which broadcasts over them
+same device
+    create new tensors on the device of the inputs (device=x.device), never on a fixed device
+expected scalar type | same dtype | expected m1 and m2 to have the same dtype | dtype mismatch
+    create new tensors with the dtype of the inputs (dtype=x.dtype) so that every dtype works
+out of range
+    an axis index is out of range: with leading (batch, head) axes, count axes from the end (-1 for the last,
+    -2 for the one before)
+size of tensor | mat1 and mat2 | cannot be multiplied | must match the size | Expected size | shape | expand
+    | broadcast
+    shapes do not fit: check which axes you transpose, sum and broadcast over; with leading (batch, head) axes
+    use key.transpose(-2, -1), not key.T or key.transpose(0, 1)
+unexpected keyword argument | missing 1 required positional argument | positional arguments
+    keep the signature given in the task, argument names and defaults included
+is not defined
+    a name your function uses is not defined: run the cell that defines or imports it first
+""")
+
+
+def hint_for(text: str, extra: Hints = ()) -> str:
+    """The likely cause of an exception whose ``type: message`` is ``text``; ``extra`` hints come first."""
+    return next(
+        (
+            hint
+            for patterns, hint in (*extra, *GENERAL_HINTS)
+            if any(p in text for p in patterns.split(" | "))
+        ),
+        "",
+    )
+
+
+# ==================================================================================================
+# checks, parts and behaviours
+
+
+@dataclass(frozen=True)
+class Check:
+    """One or more calls and the judge that decides, from what they returned, whether the behaviour holds.
+
+    ``judge(*values)`` gets what each call returned, once the engine has failed exceptions, unobservable
+    calls and calls of the course's answers; with ``raw`` it gets the :class:`Outcome` s. ``untouched``:
+    the calls must leave their tensor arguments unchanged (a string is the message, with ``{call}`` and
+    ``{name}``). ``prefix`` goes in front of a failure's message; ``on_raise`` after it when the function
+    raised.
+    """
+
+    calls: Call | tuple[Call, ...]
+    judge: Callable[..., None]
+    raw: bool = False
+    untouched: bool | str = False
+    prefix: str = ""
+    on_raise: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.calls, Call):
+            object.__setattr__(self, "calls", (self.calls,))
+
+    def verdict(self, outcomes: Sequence[Outcome], hints: Hints = ()) -> None:
+        """Judge the outcomes of this check's calls; raise :class:`CheckFailure` if the behaviour fails."""
+        pairs = list(zip(self.calls, outcomes, strict=True))
+        try:
+            if self.raw:
+                for call, outcome in pairs:
+                    _judge_calls(call, outcome)
+                self.judge(*outcomes)
+                return
+            values = [_value(call, outcome, hints) for call, outcome in pairs]
+            for call, outcome in pairs if self.untouched else ():
+                _untouched(call, outcome, self.untouched if isinstance(self.untouched, str) else "")
+            self.judge(*values)
+        except CheckFailure as failure:
+            note = self.on_raise if failure.raised else ""
+            raise failure.amended(before=self.prefix, note=note, call=str(self.calls[0])) from None
+
+
+def _value(call: Call, outcome: Outcome, hints: Hints) -> Any:
+    """What the call returned; fail if it raised, could not be observed, or called an answer."""
+    if outcome.not_implemented:
+        fail(f"{call.function} is not implemented yet: replace `raise NotImplementedError()` with your code.")
+    if outcome.raised:
+        text = f"{outcome.raised}: {outcome.message}"
+        fail(f"{call} raised {text}", hint_for(text, hints), got=text, raised=True)
+    _judge_calls(call, outcome)
+    return outcome.value
+
+
+def _untouched(call: Call, outcome: Outcome, message: str) -> None:
+    """Fail if the function changed a tensor argument in place."""
+    for name, after in outcome.after.items():
+        before = call.arguments[name]
+        if after.shape == before.shape and after.dtype == before.dtype:
+            if before.device.type == "meta" or torch.equal(after.cpu(), before.cpu()):
+                continue
+        fail(
+            message.format(call=call, name=name)
+            or f"{call} modified its argument `{name}` in place. Likely cause: an in-place operation such as "
+            f"`{name} /= ...`, `{name} -= ...` or `{name}.masked_fill_(...)`; compute new tensors instead "
+            "(`x = x / s`, `x.masked_fill(...)`), since callers reuse their inputs."
+        )
+
+
+def correct_first(checks: Iterator[Check], function: str) -> Iterator[Check]:
+    """``checks`` whose failures say that ``function`` must be correct before it counts as from scratch."""
+    before = f"{function} must be correct before it counts as written from scratch. "
+    return (replace(check, prefix=before) for check in checks)
+
+
+@dataclass(frozen=True)
+class Part:
+    """The visible or the hidden part of a behaviour, as its plan sees it.
+
+    ``reference`` is the reference implementation of the learner's ``function`` in a hidden part (a
+    visible part never uses it); ``device`` is where inputs are made.
+    """
+
+    hidden: bool
+    function: str
+    device: torch.device
+    reference: Callable[..., Any] | None = None
+
+    def call(self, label: str = "", /, **arguments: Any) -> Call:
+        """A call of the learner's function with keyword ``arguments``."""
+        return Call(self.function, arguments, label=label)
+
+
+Plan = Callable[[Part], Iterator[Check]]
+
+
+class Behaviour:
+    """What one test cell checks: ``behaviour(fn)`` runs its visible part, ``behaviour.hidden(fn)`` the other.
+
+    ``name`` (the grade id) and ``description`` (the test cell's first line, without its points) come from
+    the plan function; ``hints`` are likely causes of the function's exceptions, tried before the general.
+    """
+
+    def __init__(self, plan: Plan, *, function: str, points: float, hints: Hints = ()) -> None:
+        self.plan, self.function, self.points, self.hints = plan, function, points, hints
+        self.name, self.module = plan.__name__, plan.__module__
+        self.description = " ".join((inspect.getdoc(plan) or "").split("\n\n")[0].split())
+
+    def __repr__(self) -> str:
+        return f"<behaviour {self.name} of {self.function}, {self.points:g} point(s)>"
+
+    def part(self, *, hidden: bool, reference: Callable[..., Any] | None = None) -> Part:
+        return Part(hidden, self.function, default_device(), reference)
+
+    def checks(self, part: Part) -> list[Check]:
+        """The plan of ``part``: its checks, in order."""
+        return list(self.plan(part))
+
+    @hide_engine_frames
+    def __call__(self, fn: Callable[..., Any]) -> None:
+        """Run the visible part on the learner's function ``fn`` (record it, under ``attention-grade``)."""
+        self._run(fn, hidden=False)
+
+    @hide_engine_frames
+    def hidden(self, fn: Callable[..., Any], reference: Callable[..., Any] | None = None) -> None:
+        """Run the hidden part: more inputs, against ``reference`` (default: the registry's reference)."""
+        self._run(fn, hidden=True, reference=reference)
+
+    def _run(
+        self, fn: Callable[..., Any], *, hidden: bool, reference: Callable[..., Any] | None = None
+    ) -> None:
+        if RECORDER:
+            RECORDER[0].record(self, hidden, fn)
+            return
+        if hidden and reference is None:
+            reference = registry.reference_function(self.module, self.function)
+        judge_learner(inspect_learner(fn), self.function)
+        seed = 0
+        for check in self.checks(self.part(hidden=hidden, reference=reference)):  # the first failure stops
+            outcomes = [execute(fn, call, seed + index) for index, call in enumerate(check.calls)]
+            seed += len(check.calls)
+            check.verdict(outcomes, self.hints)
+
+    def judge(self, checks: Sequence[Check], learner: Learner, outcomes: Sequence[Outcome]) -> None:
+        """Judge recorded ``outcomes`` of the calls of ``checks`` (split mode, in the grader's process)."""
+        judge_learner(learner, self.function)
+        if len(outcomes) != sum(len(check.calls) for check in checks):
+            fail(f"the recording of {self.name} does not match its checks: it was not made by this course.")
+        start = 0
+        for check in checks:
+            check.verdict(outcomes[start : start + len(check.calls)], self.hints)
+            start += len(check.calls)
+
+
+def behaviour(*, function: str, points: float, hints: Hints = ()) -> Callable[[Plan], Behaviour]:
+    """Decorator: the plan function ``plan(part) -> Iterator[Check]`` becomes a :class:`Behaviour`."""
+    return lambda plan: Behaviour(plan, function=function, points=points, hints=hints)
+
+
+# ==================================================================================================
+# comparing
+
+# (rtol, atol) floors per dtype, for results of size about 1 computed in that dtype
+_FLOORS = {
+    torch.float64: (1e-7, 1e-10),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-2, 2e-3),
+    torch.bfloat16: (5e-2, 1.6e-2),
+}
+
+
+def coarser(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+    """The less precise of two dtypes (a dtype that is not floating counts as exact)."""
+    eps = {dtype: torch.finfo(dtype).eps if dtype.is_floating_point else 0.0 for dtype in (first, second)}
+    return first if eps[first] >= eps[second] else second
+
+
+def tolerance(dtype: torch.dtype, naive_error: float = 0.0) -> tuple[float, float]:
+    """``(rtol, atol)`` for results in ``dtype``: a floor per dtype, or four times ``naive_error``.
+
+    ``naive_error`` is the largest error of a plain same-dtype implementation against float64 on the same
+    inputs (the rule of PyTorch's own attention tests): a learner may be a few times less exact than the
+    plain computation, never more.
+    """
+    rtol, atol = _FLOORS.get(dtype, _FLOORS[torch.float32])
+    return rtol, max(atol, 4.0 * naive_error)
+
+
+def close(actual: Any, expected: torch.Tensor, dtype: torch.dtype, naive_error: float = 0.0) -> bool:
+    """Whether ``actual`` matches ``expected`` within the tolerance of ``dtype``, in float64.
+
+    Only the finite elements of ``actual`` are compared, and at least half must be: a mistake explains a
+    result that is NaN in the rows that the mistake leaves empty.
+    """
+    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+        return False
+    rtol, atol = tolerance(dtype, naive_error)
+    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    finite = torch.isfinite(a)
+    return finite.double().mean() >= 0.5 and torch.allclose(a[finite], e[finite], rtol=rtol, atol=atol)
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A known wrong computation, and the hint that names it."""
+
+    hint: str
+    result: torch.Tensor
+
+
+def diagnose(actual: Any, mistakes: Iterator[Mistake], dtype: torch.dtype, naive_error: float = 0.0) -> str:
+    """The hint of the first known mistake whose result ``actual`` reproduces, if any."""
+    return next((m.hint for m in mistakes if close(actual, m.result, dtype, naive_error)), "")
+
+
+def assert_shape(
+    actual: Any, where: str, shape: Sequence[int], hints: dict | None = None, dtype=None
+) -> None:
+    """Fail unless ``actual`` (``where``: "the output of f(...)") is a tensor of ``shape``."""
+    if not isinstance(actual, torch.Tensor):
+        expected = f"{dtype_name(dtype)} {list(shape)}" if dtype else f"of shape {list(shape)}"
+        fail(f"{where} should be a tensor ({expected}), got {describe(actual)}.", got=describe(actual))
+    if tuple(actual.shape) != tuple(shape):
+        got, cause = list(actual.shape), (hints or {}).get(tuple(actual.shape), "")
+        fail(
+            f"{where} has shape {got}, expected {list(shape)}.",
+            cause,
+            expected=str(list(shape)),
+            got=str(got),
+        )
+
+
+def assert_format(
+    actual: Any, where: str, shape, dtype: torch.dtype, device: torch.device, hints=None
+) -> None:
+    """Fail unless ``actual`` is a tensor of ``shape``, ``dtype`` and ``device``, judged in that order."""
+    assert_shape(actual, where, shape, hints, dtype)
+    if actual.dtype != dtype:
+        fail(
+            f"{where} has dtype {actual.dtype}, expected {dtype}: the dtype must follow the inputs. Likely "
+            "cause: a .float()/.double() call, or a new tensor created without dtype=x.dtype.",
+            expected=str(dtype),
+            got=str(actual.dtype),
+        )
+    if actual.device != device:
+        fail(
+            f"{where} is on {actual.device}, expected {device}: the device must follow the inputs. Likely "
+            "cause: a tensor created without device=x.device, or a .cpu()/.cuda() call.",
+            expected=str(device),
+            got=str(actual.device),
+        )
+
+
+def assert_values(
+    actual: Any,
+    expected: torch.Tensor,
+    where: str,
+    *,
+    dtype: torch.dtype | None = None,
+    naive_error: float = 0.0,
+    mistakes: Callable[[], Iterator[Mistake]] | None = None,
+    hints: dict | None = None,
+    note: str = "",
+) -> None:
+    """Fail unless ``actual`` has the shape and the values of ``expected`` (not its dtype and device).
+
+    Cells of their own judge dtypes and devices: values are compared on the CPU in float64, within the
+    tolerance of the coarser of ``dtype`` (default ``expected.dtype``) and ``actual``'s dtype. A mismatch
+    names the worst element and, when one of ``mistakes()`` reproduces it, the likely cause.
+    """
+    dtype = dtype or expected.dtype
+    assert_shape(actual, where, expected.shape, hints, dtype)
+    dtype = coarser(dtype, actual.dtype)
+    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    cause = functools.partial(diagnose, actual, dtype=dtype, naive_error=naive_error)
+    finite, bad = torch.isfinite(e), ~torch.isfinite(a) & torch.isfinite(e)
+    if bad.any():
+        index = tuple(torch.nonzero(bad)[0].tolist())
+        fail(
+            f"{where} contains NaN or inf ({int(bad.sum())} of {bad.numel()} elements, first at index "
+            f"{list(index)}: {a[index].item()}) where the right answer is finite.",
+            (cause(mistakes()) if mistakes else "")
+            or "exp() overflowed (subtract the maximum before exponentiating), or a 0/0 from a row whose "
+            "elements all became -inf or underflowed to 0",
+        )
+    rtol, atol = tolerance(dtype, naive_error)
+    mismatch = ~((a - e).abs() <= atol + rtol * e.abs()) & finite
+    if mismatch.any():
+        error = ((a - e).abs() - rtol * e.abs()).masked_fill(~mismatch, -math.inf)
+        index = tuple(torch.nonzero(error == error.max())[0].tolist())
+        right, wrong = f"{e[index].item():.6g}", f"{a[index].item():.6g}"
+        fail(
+            f"{where} does not match ({dtype_name(dtype)}, shape {list(a.shape)}): {int(mismatch.sum())} of "
+            f"{mismatch.numel()} elements differ ({mismatch.double().mean().item():.0%}); the worst, at "
+            "index "
+            f"{list(index)}, is {wrong} where {right} is expected (rtol {rtol:g}, atol {atol:.2g})."
+            + (f" {note}" if note else ""),
+            cause(mistakes()) if mistakes else "",
+            expected=f"{right} at {list(index)}",
+            got=wrong,
+        )
+
+
+def reference_answer(reference: Callable[..., Any], arguments: dict[str, Any]) -> tuple[tuple, tuple]:
+    """The right answer in float64 for ``arguments``, and the error a plain same-dtype computation makes.
+
+    The reference runs on the arguments upcast to float64 (the truth for exactly the values the learner's
+    function sees) and as they are (its error sets the tolerance, see :func:`tolerance`). A reference that
+    returns one tensor gives tuples of one.
+    """
+    wide = {
+        k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in arguments.items()
+    }
+    truth, naive = (reference(**values) for values in (wide, arguments))
+    truth, naive = (x if isinstance(x, tuple) else (x,) for x in (truth, naive))
+    errors = tuple(
+        (n.double() - t).abs().max().item() if t.numel() else 0.0 for n, t in zip(naive, truth, strict=True)
+    )
+    return truth, errors
+
+
+def randn(
+    shape: Sequence[int], *, seed: int, device="cpu", dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Standard normal draws made on the CPU in float64 from ``seed``, then moved: the same on any device."""
+    return torch.randn(*shape, generator=seeded_generator(seed), dtype=torch.float64).to(device, dtype)

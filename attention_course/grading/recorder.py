@@ -1,0 +1,278 @@
+"""Split mode in the learner's kernel: call the learner's function on the grader's inputs, record outcomes.
+
+``attention-grade`` writes, for every behaviour and part, the calls' arguments to ``inputs/<name>.<part>``
+(JSON, and the tensors in safetensors) and starts the kernel with :func:`start` as its first line, before
+any cell. A test cell's ``checks.sdpa_mask(fn)`` then does not judge: it reads its inputs, calls ``fn`` on
+each (:func:`~attention_course.checks.engine.execute`), and writes what came back to ``recordings/``, signed
+with HMAC-SHA256 under a key that :func:`start` read and deleted before any learner code ran. Each recording
+names the kernel's generation (the grader replaces a dead kernel) and the execution count of its cell.
+The grader reads them back (:mod:`attention_course.grading.split`): JSON and safetensors only, never a
+pickle, bounded, validated field by field, signatures checked. The format and the kernel's side live here
+together, so that what is written and what is read cannot drift apart.
+
+This is not a sandbox: code in the kernel can, with deliberate effort, read the key from the recorder's
+memory. The grader's sandbox bounds what such code can reach.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib.abc
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from attention_course.checks import engine
+from attention_course.checks.engine import Call, Foreign, Outcome, Seeded, execute, inspect_learner
+
+FORMAT = 1
+MAX_ELEMENTS = 2**22  # elements of one recorded tensor; a larger one is recorded as its shape only
+MAX_ITEMS = 256  # items of a recorded tuple or list, and of the calls an outcome lists
+_NAMES = "float64 float32 float16 bfloat16 bool uint8 int8 int16 int32 int64"
+DTYPES = {name: getattr(torch, name) for name in _NAMES.split()}  # the dtypes a recording may hold
+
+
+class RecordingError(Exception):
+    """A recording or an input file is missing, was not written by the course, or does not decode."""
+
+
+def encode(value: Any, tensors: dict[str, torch.Tensor], depth: int = 0) -> Any:
+    """A JSON node for ``value``; its tensors go into ``tensors`` (on the CPU) under fresh names."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value[:4000] if isinstance(value, str) else float(value) if isinstance(value, float) else value
+    if isinstance(value, torch.Tensor):
+        node = {"tensor": None, "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+        node["device"] = str(value.device)
+        if node["dtype"] not in DTYPES:
+            return {"foreign": "Tensor", "repr": f"a {node['dtype']} tensor of shape {node['shape']}"}
+        if value.device.type != "meta" and value.numel() <= MAX_ELEMENTS:
+            node["tensor"] = f"t{len(tensors)}"
+            tensors[node["tensor"]] = value.detach().cpu().contiguous().clone()
+        return node
+    if isinstance(value, Seeded):
+        return {"generator": value.seed}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, tuple | list) and len(value) <= MAX_ITEMS and depth < 8:
+        kind = "tuple" if isinstance(value, tuple) else "list"  # named tuples and return types too
+        return {kind: [encode(item, tensors, depth + 1) for item in value]}
+    return {"foreign": type(value).__name__, "repr": repr(value)[:200]}
+
+
+def decode(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The value of a node made by :func:`encode`; :class:`RecordingError` on anything else."""
+    if node is None or isinstance(node, bool | int | float | str):
+        return node
+    if not isinstance(node, dict):
+        raise RecordingError(f"unexpected node {str(node)[:80]}")
+    if "tensor" in node:
+        dtype, shape = DTYPES.get(node.get("dtype")), node.get("shape")
+        if dtype is None or not isinstance(shape, list) or len(shape) > 16:
+            raise RecordingError("a recorded tensor has no valid dtype or shape")
+        if not all(isinstance(size, int) and size >= 0 for size in shape):
+            raise RecordingError("a recorded tensor has no valid shape")
+        if node["tensor"] is None:  # on the meta device, or too large to record: its shape only
+            return torch.empty(shape, dtype=dtype, device="meta")
+        tensor = tensors.get(node["tensor"]) if isinstance(node["tensor"], str) else None
+        if tensor is None or list(tensor.shape) != shape or tensor.dtype != dtype:
+            raise RecordingError("a recorded tensor does not match its description")
+        return tensor.to(device(node.get("device")))
+    if isinstance(node.get("generator"), int):
+        return Seeded(node["generator"])
+    if isinstance(node.get("device"), str):
+        return device(node["device"])
+    for kind, container in (("tuple", tuple), ("list", list)):
+        if isinstance(node.get(kind), list) and len(node[kind]) <= MAX_ITEMS:
+            return container(decode(item, tensors) for item in node[kind])
+    if isinstance(node.get("foreign"), str) and isinstance(node.get("repr"), str):
+        return Foreign(node["foreign"][:80], node["repr"][:200])
+    raise RecordingError(f"unexpected node {str(node)[:80]}")
+
+
+def device(name: Any) -> torch.device:
+    """The device ``name`` (``cpu``, ``cuda:0``, ``meta``), if it exists here."""
+    try:
+        found = torch.device(str(name))
+        torch.empty(0, device=found)
+    except (RuntimeError, AssertionError) as error:
+        raise RecordingError(f"a recorded tensor is on an unknown device {str(name)[:40]!r}") from error
+    return found
+
+
+def save(path: Path, content: dict[str, Any], tensors: dict[str, torch.Tensor], key: bytes | None) -> None:
+    """Write ``path.safetensors`` and ``path.json`` (a signature line, then the JSON); never overwrite."""
+    blob = safetensors.torch.save(tensors)
+    body = json.dumps({**content, "tensors_sha256": hashlib.sha256(blob).hexdigest()}).encode()
+    signature = hmac.new(key, body, hashlib.sha256).hexdigest() if key else "unsigned"
+    for suffix, data in ((".safetensors", blob), (".json", signature.encode() + b"\n" + body)):
+        with open(f"{path}{suffix}", "xb") as handle:  # "x": a second recording for one name fails loudly
+            handle.write(data)
+
+
+def load(path: Path, key: bytes | None, max_bytes: int = 64 * 2**20) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read what :func:`save` wrote, checking its size, its signature (unless ``key`` is None) and digest."""
+    files = [Path(f"{path}.json"), Path(f"{path}.safetensors")]
+    if not all(file.is_file() for file in files):
+        raise RecordingError("no recording was made")
+    if sum(file.stat().st_size for file in files) > max_bytes:
+        raise RecordingError(f"the recording is larger than {max_bytes // 2**20} MiB")
+    signature, _, body = files[0].read_bytes().partition(b"\n")
+    if key is not None and not hmac.compare_digest(
+        signature, hmac.new(key, body, "sha256").hexdigest().encode()
+    ):
+        raise RecordingError(
+            "the recording was not written by the course's recorder (its signature is wrong)"
+        )
+    blob = files[1].read_bytes()
+    try:
+        content, tensors = json.loads(body), safetensors.torch.load(blob)
+    except (ValueError, safetensors.SafetensorError) as error:
+        raise RecordingError(f"the recording does not decode: {error}") from error
+    if not isinstance(content, dict) or content.get("tensors_sha256") != hashlib.sha256(blob).hexdigest():
+        raise RecordingError("the recording's tensors are not the ones it was made with")
+    return content, tensors
+
+
+def write_calls(folder: Path, name: str, calls: Sequence[Call]) -> None:
+    """Write the arguments of ``calls`` to ``folder/<name>.json`` and ``.safetensors`` (the grader)."""
+    tensors: dict[str, torch.Tensor] = {}
+    nodes = [
+        {"arguments": encode(list(c.arguments.values()), tensors), "positional": c.positional} for c in calls
+    ]
+    names = [list(call.arguments) for call in calls]
+    folder.mkdir(parents=True, exist_ok=True)
+    save(
+        folder / name,
+        {"function": calls[0].function if calls else "", "calls": nodes, "names": names},
+        tensors,
+        None,
+    )
+
+
+def read_calls(folder: Path, name: str) -> list[Call]:
+    """The calls written by :func:`write_calls` (the kernel; their labels, for messages, are left out)."""
+    content, tensors = load(folder / name, None)
+    return [
+        Call(
+            content["function"],
+            dict(zip(names, decode(node["arguments"], tensors), strict=True)),
+            node["positional"],
+        )
+        for node, names in zip(content["calls"], content["names"], strict=True)
+    ]
+
+
+class _NoSolutions(importlib.abc.MetaPathFinder):
+    """Refuses to import the reference solutions in a kernel that records for the grader."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == "solutions" or fullname.startswith("solutions."):
+            raise ImportError("the reference solutions are not available to a notebook being graded")
+
+
+class Recorder:
+    """Records the calls of the test cells of a kernel that ``attention-grade`` started."""
+
+    def __init__(self, folder: Path, key: bytes, generation: int) -> None:
+        self.folder, self._key, self.generation = folder, key, generation
+        self._busy, self._nested = False, False
+
+    def record(self, behaviour: Any, hidden: bool, fn: Any) -> None:
+        """Call ``fn`` on the inputs of ``behaviour``'s part and write the signed recording."""
+        part = "hidden" if hidden else "visible"
+        if self._busy:  # a check called from inside the learner's function: the outer recording says so
+            self._nested = True
+            return
+        self._busy, self._nested = True, False
+        try:
+            calls = read_calls(self.folder / "inputs", f"{behaviour.name}.{part}")
+            learner = inspect_learner(fn)
+            outcomes = (
+                [execute(fn, call, seed) for seed, call in enumerate(calls)] if learner.is_callable else []
+            )
+        finally:
+            self._busy = False
+        tensors: dict[str, torch.Tensor] = {}
+        count = _execution_count()
+        content = {
+            "format": FORMAT,
+            "behaviour": behaviour.name,
+            "part": part,
+            "generation": self.generation,
+            "execution_count": count,
+            "nested": self._nested,
+            "learner": vars(learner),
+            "outcomes": [encode_outcome(outcome, tensors) for outcome in outcomes],
+        }
+        (self.folder / "recordings").mkdir(exist_ok=True)
+        stem = f"g{self.generation}-n{count}-{behaviour.name}-{part}"
+        save(self.folder / "recordings" / stem, content, tensors, self._key)
+
+
+def _execution_count() -> int:
+    """The execution count that the kernel reports for the running cell (its ``In [n]``)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell.execution_count - 1 if shell is not None else 0  # IPython counts the running cell already
+
+
+def start(folder: str, generation: int = 0) -> None:
+    """Make this kernel record for the grader: the first line the kernel runs, before any cell.
+
+    Reads and deletes the key that signs recordings, refuses imports of the reference solutions, and
+    leaves ``started-<generation>``, by which the grader knows that recording is on.
+    """
+    session = Path(folder)
+    key = (session / "key").read_bytes()
+    (session / "key").unlink()
+    sys.meta_path.insert(0, _NoSolutions())
+    for name in [name for name in sys.modules if name == "solutions" or name.startswith("solutions.")]:
+        del sys.modules[name]
+    engine.RECORDER[:] = [Recorder(session, key, generation)]
+    (session / f"started-{generation}").touch()
+
+
+def encode_outcome(outcome: Outcome, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A JSON node for ``outcome`` (the kernel)."""
+    return {
+        **vars(outcome),
+        "value": encode(outcome.value, tensors),
+        "message": outcome.message[:4000],
+        "after": {name: encode(value, tensors) for name, value in outcome.after.items()},
+        "calls": [list(call) for call in outcome.calls[:MAX_ITEMS]],
+        "warnings": list(outcome.warnings[:8]),
+    }
+
+
+def decode_outcome(node: Any, tensors: dict[str, torch.Tensor]) -> Outcome:
+    """An outcome from a recording (the grader), every field checked."""
+
+    def text(value: Any, limit: int) -> str:
+        if not isinstance(value, str):
+            raise RecordingError("a recorded text is not a string")
+        return value[:limit]
+
+    if (
+        not isinstance(node, dict)
+        or not isinstance(node.get("calls"), list)
+        or not isinstance(node.get("after"), dict)
+    ):
+        raise RecordingError("a recorded outcome is not valid")
+    calls = [c for c in node["calls"][:MAX_ITEMS] if isinstance(c, list) and len(c) == 2]
+    return Outcome(
+        decode(node.get("value"), tensors),
+        text(node.get("raised"), 200),
+        text(node.get("message"), 4000),
+        node.get("not_implemented") is True,
+        {text(k, 80): decode(v, tensors) for k, v in list(node["after"].items())[:MAX_ITEMS]},
+        tuple((text(module, 200), text(name, 200)) for module, name in calls),
+        tuple(text(w, 4000) for w in node.get("warnings", [])[:8]),
+        node.get("observed") is True,
+    )
