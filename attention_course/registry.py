@@ -28,7 +28,7 @@ class Assignment:
         id: the nbgrader assignment id, also the notebook's file name without ``.ipynb``.
         title: a short title for reports.
         reference: the module of reference solutions (``solutions.<topic>``); hidden parts compare with it.
-        checks: the module of its behaviours, whose ``BEHAVIOURS`` are the test cells in notebook order.
+        checks: the module of its behaviours: those it defines are the test cells, in notebook order.
         bank: the module of realistic wrong and right implementations that the tests run the checks on
             (in the repository's ``tests/``, not in an installed course).
     """
@@ -45,8 +45,12 @@ class Assignment:
         return "attention_course." + self.reference.removeprefix(SOURCE_DIRECTORY + ".")
 
     def behaviours(self) -> tuple[Any, ...]:
-        """The behaviours of the test cells, in notebook order (imports the checks module, and torch)."""
-        return importlib.import_module(self.checks).BEHAVIOURS
+        """The behaviours of the test cells: those the checks module defines, in the order it defines them,
+        which is the notebook's order (imports the checks module, and torch)."""
+        from attention_course.checks.engine import Behaviour  # the engine imports this module
+
+        found = vars(importlib.import_module(self.checks)).values()
+        return tuple(b for b in found if isinstance(b, Behaviour) and b.module == self.checks)
 
     def source(self, root: Path) -> Path:
         """The nbgrader source notebook (solution regions and hidden tests)."""

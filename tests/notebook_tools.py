@@ -24,7 +24,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from attention_course.checks.engine import Behaviour, CheckFailure
-from attention_course.grading import split
+from attention_course.grading import seals, split
 from attention_course.grading.recorder import Recorder
 from attention_course.registry import ASSIGNMENTS, Assignment
 from tests.banks import _bank
@@ -167,7 +167,7 @@ def run_cell(exercise: Exercise, code: str, implementations: dict[str, Callable]
 
 
 def together(exercise: Exercise, code: str, fn: Callable, name: str) -> CheckFailure | None:
-    """The failure that a test cell's ``code`` raises in one process with ``fn`` bound to ``name``, or None."""
+    """The failure that a test cell's ``code`` raises in one process, ``fn`` bound to ``name``; or None."""
     try:
         run_cell(exercise, code, {name: fn})
     except CheckFailure as failure:
@@ -178,15 +178,37 @@ def together(exercise: Exercise, code: str, fn: Callable, name: str) -> CheckFai
 def split_verdict(plans: split.Plans, cell: TestCell, fn: Callable) -> CheckFailure | None:
     """The verdict on ``cell`` in split mode, in this process: record as a kernel does, judge as the grader.
 
-    Inputs and recordings go through files (JSON and safetensors), signed, as under ``attention-grade``.
+    Inputs and recordings go through files (JSON and safetensors), sealed, as under ``attention-grade``.
     """
     with tempfile.TemporaryDirectory() as scratch:
         session, key = Path(scratch), secrets.token_bytes(32)
         split.write_inputs(plans, session / "inputs", names={cell.grade_id})
-        recorder = Recorder(session, key, generation=0)
+        recorder = Recorder(session, generation=0)
         recorder.record(cell.behaviour, False, fn)
         recorder.record(cell.behaviour, True, fn)
-        return split.judge_cell(plans, cell.grade_id, session, key, generation=0, execution_count=0)
+        seals.seal(session, 0, key)  # as the worker does when a test cell ends
+        return split.judge_cell(plans, cell.grade_id, session, key, cell=0)
+
+
+def points_by_running(exercise: Exercise, sources: dict[str, str]) -> dict[str, float]:
+    """The points of each test cell run in this process after the solution ``sources`` (the oracle).
+
+    A function without a source is the blank stub, as in the release.
+    """
+    stubs = {
+        name: f"def {name}(*args, **kwargs):\n    raise NotImplementedError()\n"
+        for name in exercise.functions
+    }
+    functions = notebook_functions(exercise, {**stubs, **sources})
+    points = {}
+    for cell in exercise.tests:
+        try:
+            run_cell(exercise, cell.full, functions)
+        except CheckFailure:
+            points[cell.grade_id] = 0.0
+        else:
+            points[cell.grade_id] = cell.points
+    return points
 
 
 def fill_solutions(notebook: NotebookNode, sources: dict[str, str]) -> NotebookNode:

@@ -35,9 +35,6 @@ from tests.notebook_tools import (
 )
 
 ASSIGNMENTS = sorted(name for name, assignment in REGISTERED.items() if assignment.source(ROOT).exists())
-import os
-
-ASSIGNMENTS = [a for a in ASSIGNMENTS if a in os.environ.get("PORTED", a)]  # TEMPORARY
 EXERCISES = {assignment: load_exercise(assignment) for assignment in ASSIGNMENTS}
 
 

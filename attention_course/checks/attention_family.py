@@ -1,14 +1,10 @@
 """What every attention-shaped exercise checks alike: inputs, known mistakes, shapes, and the judge.
 
-- **Sizes and inputs as data**: :class:`Sizes` with every axis a different size, the table of the hidden
-  parts' sizes, and seeded inputs and masks made on the CPU in float64, then moved (alike on any device).
-- **Mistakes as rows**: attention weights are one parametrised computation, :func:`weights`, and a known
-  mistake is a :class:`Variant` of it (the scale, the softmax's axis, the mask, where queries and keys come
-  from). :data:`CORE` holds the attention core's mistakes; an exercise adds rows of its own.
-- **One check of an attention call**, :func:`attention_check`: the ``(output, weights)`` pair, its shapes
-  (with the likely cause of a wrong one), its dtype and device in the cells about them, then the weights and
-  the output against an answer (PyTorch's, the plain formula's, or the reference's), naming the worst
-  element and the mistake that reproduces it.
+Sizes and inputs are data (:class:`Sizes`, every axis a different size; seeded inputs and masks). A known
+mistake is a :class:`Variant` of one parametrised computation, :func:`weights`: :data:`CORE` holds the
+attention core's, an exercise adds rows. :func:`attention_check` judges one call: the ``(output, weights)``
+pair, its shapes, dtype and device where a cell is about them, then its values against an answer (PyTorch's,
+the formula's or the reference's), naming the worst element and the mistake that reproduces it.
 """
 
 from __future__ import annotations
@@ -34,6 +30,8 @@ from attention_course.checks.engine import (
     hint_table,
     randn,
     reference_answer,
+    shapes,
+    table,
     type_name,
 )
 from attention_course.device import seeded_generator
@@ -43,10 +41,8 @@ DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 ATTENTION_BUILTINS = ("scaled_dot_product", "multi_head_attention", "multiheadattention")
 LEADS_NOTE = (
     "It works for inputs without leading axes but not with {n}: key.T reverses *all* axes and "
-    "key.transpose(0, 1) "
-    "swaps the batch axis; use key.transpose(-2, -1) (or key.mT) to swap only the last two, and index axes "
-    "from "
-    "the end."
+    "key.transpose(0, 1) swaps the batch axis; use key.transpose(-2, -1) (or key.mT) to swap only the last "
+    "two, and index axes from the end."
 )
 
 
@@ -57,10 +53,8 @@ def from_scratch(what: str) -> FromScratch:
 
 @dataclass(frozen=True)
 class Sizes:
-    """The sizes of one attention call: leading axes (batch, heads), then the named axes.
-
-    ``d_model`` is the width of the inputs of the exercises that project them.
-    """
+    """The sizes of one attention call: leading axes (batch, heads), then the named axes (``d_model``: the
+    width of the inputs of exercises that project them)."""
 
     lead: tuple[int, ...]
     q_len: int
@@ -72,18 +66,21 @@ class Sizes:
 
 # the hidden parts' sizes: every axis a different size within a case; 2, 1 and no leading axes
 HIDDEN_SIZES = (Sizes((2, 3), 5, 7, 4, 6, 8), Sizes((3,), 6, 9, 8, 5, 7), Sizes((), 4, 3, 2, 5, 6))
+# the leading axes of visible checks, as many as the hidden sizes have: a function that works for one number
+# of leading axes only fails the visible part as it fails the hidden part
+LEADS = ((2, 3), (3,), ())
 
 
 def qkv(sizes: Sizes, *, seed: int, device: torch.device, dtype: torch.dtype = torch.float64) -> dict:
     """N(0, 1) ``query [*lead, q_len, d_k]``, ``key [*lead, k_len, d_k]``, ``value [*lead, k_len, d_v]``."""
-    shapes = {
+    axes = {
         "query": (sizes.q_len, sizes.d_k),
         "key": (sizes.k_len, sizes.d_k),
         "value": (sizes.k_len, sizes.d_v),
     }
     return {
         name: randn((*sizes.lead, *shape), seed=seed + index, device=device, dtype=dtype)
-        for index, (name, shape) in enumerate(shapes.items())
+        for index, (name, shape) in enumerate(axes.items())
     }
 
 
@@ -146,26 +143,17 @@ def plain_qkv(arguments: dict[str, Any]) -> QKV:
 
 @dataclass(frozen=True)
 class Variant:
-    """A way of computing attention weights: the right one, or a known mistake with its ``hint``.
-
-    Attributes:
-        hint: the mistake and its fix, shown as the likely cause; ``{source}`` and ``{target}`` are the
-            arguments that keys and queries come from.
-        divide: what the scores are divided by: ``"sqrt(d_k)"`` (right), ``"1"``, ``"d_k"``, ``"sqrt(d_v)"``,
-            ``"sqrt(d_model)"``, ``"sqrt(k_len)"`` or ``"1/sqrt(d_k)"``.
-        after_softmax: the division is applied to the weights instead of the scores.
-        dim: the softmax's axis (-1, the keys, is right).
-        mask: ``"masked"`` (right), ``"inverted"``, ``"ignored"``, ``"after softmax"`` (the weights times the
-            mask), ``"zero fill"`` (masked scores set to 0) or ``"causal"`` (a causal mask added).
-        qkv: where query, key and value come from, if elsewhere than the exercise says (projection rows).
-    """
+    """A way of computing attention weights: the right one, or a known mistake with its ``hint`` (the likely
+    cause, where ``{source}`` and ``{target}`` name the arguments keys and queries come from)."""
 
     hint: str = ""
-    divide: str = "sqrt(d_k)"
-    after_softmax: bool = False
-    dim: int = -1
-    mask: str = "masked"
-    qkv: Callable[[dict[str, Any]], QKV] | None = None
+    divide: str = "sqrt(d_k)"  # what the scores are divided by: 1, d_k, sqrt(d_v), sqrt(d_model), ...
+    after_softmax: bool = False  # the division applied to the weights instead of the scores
+    dim: int = -1  # the softmax's axis
+    mask: str = "masked"  # inverted, ignored, after softmax (weights * mask), zero fill, causal (one added)
+    qkv: Callable[[dict[str, Any]], QKV] | None = (
+        None  # where query, key and value come from, if not as asked
+    )
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1) -> torch.Tensor:
@@ -222,20 +210,17 @@ CORE = (
     ),
     Variant(
         "the scores are divided by sqrt(d_v), the width of the values; the scale is 1/sqrt(d_k), where d_k "
-        "is the "
-        "width of the queries and keys (query.size(-1))",
+        "is the width of the queries and keys (query.size(-1))",
         "sqrt(d_v)",
     ),
     Variant(
         "the scores are divided by sqrt(d_model), the width of the inputs; the scale is 1/sqrt(d_k), the "
-        "width of "
-        "the queries and keys after the projection (w_q.size(-1), query.size(-1))",
+        "width of the queries and keys after the projection (w_q.size(-1), query.size(-1))",
         "sqrt(d_model)",
     ),
     Variant(
         "the scores are divided by sqrt(k_len), the number of keys; the scale is 1/sqrt(d_k), with d_k the "
-        "width "
-        "of the queries and keys (query.size(-1)), not a length",
+        "width of the queries and keys (query.size(-1)), not a length",
         "sqrt(k_len)",
     ),
     Variant("the scores are multiplied by sqrt(d_k) instead of divided by it", "1/sqrt(d_k)"),
@@ -249,8 +234,7 @@ CORE = (
     ),
     Variant(
         "the mask is inverted: True means 'may attend' (the convention of F.scaled_dot_product_attention), "
-        "so "
-        "fill the scores where the mask is False (~mask)",
+        "so fill the scores where the mask is False (~mask)",
         mask="inverted",
     ),
     Variant(
@@ -263,8 +247,7 @@ CORE = (
     ),
     Variant(
         "masked scores are set to 0 instead of -inf, so masked keys keep weight; fill them with "
-        "float('-inf') "
-        "(or torch.finfo(scores.dtype).min)",
+        "float('-inf') (or torch.finfo(scores.dtype).min)",
         mask="zero fill",
     ),
 )
@@ -285,7 +268,7 @@ def mistakes(arguments: dict, which: str, to_qkv=plain_qkv, rows=CORE, names=Non
 
 
 # ==================================================================================================
-# answers, shapes, and the check of one attention call
+# answers, shapes, and the checks of attention calls
 
 Answer = Callable[[dict[str, Any]], tuple[tuple[torch.Tensor, torch.Tensor], tuple[float, float]]]
 
@@ -311,24 +294,34 @@ def reference(part: Part) -> Answer:
     return lambda arguments: reference_answer(part.reference, arguments)
 
 
-def shape_hints(sizes: Sizes) -> dict[str, dict[tuple[int, ...], str]]:
-    """Likely causes of wrong shapes of the output and of the weights."""
-    lead, q_len, k_len, d_k, d_v = sizes.lead, sizes.q_len, sizes.k_len, sizes.d_k, sizes.d_v
-    order = "return (output, weights) in this order"
-    output = {
-        (*lead, q_len, k_len): f"the first element returned must be the output (weights @ value); {order}",
-        (*lead, q_len, d_k): "the output has the width of the keys: multiply the weights by the values",
+SHAPES = table("""
+output q_len k_len: the first element returned must be the output (weights @ value); return (output, weights)
+    in this order
+output q_len d_k: the output has the width of the keys: multiply the weights by the values
+weights k_len q_len: the weights are [..., k_len, q_len]: the scores are query @ key^T, [..., q_len,
+    k_len]
+weights q_len d_v: the weights have the width of the values: return (output, weights) in this order
+weights q_len q_len: the scores compare the queries with themselves: use query @ key^T
+""")
+
+
+def shape_hints(sizes: Sizes, rows: dict[str, str] | None = None, names=None) -> dict[str, dict[tuple, str]]:
+    """Causes of wrong shapes of the output and the weights: :data:`SHAPES`, then an exercise's ``rows``.
+
+    ``names`` fill the rows' ``{source}`` and ``{target}``; where two rows give one shape, the later wins.
+    """
+    axes = {"q_len": sizes.q_len, "k_len": sizes.k_len, "d_k": sizes.d_k, "d_v": sizes.d_v}
+    axes |= {"d_model": sizes.d_model} if sizes.d_model else {}
+    rows = {**SHAPES, **{key: hint.format_map(names or {}) for key, hint in (rows or {}).items()}}
+    return {which: shapes(rows, which, sizes.lead, **axes) for which in ("output", "weights")}
+
+
+def expected_shapes(sizes: Sizes) -> dict[str, tuple[int, ...]]:
+    """The shapes of the output, ``[*lead, q_len, d_v]``, and of the weights, ``[*lead, q_len, k_len]``."""
+    return {
+        "output": (*sizes.lead, sizes.q_len, sizes.d_v),
+        "weights": (*sizes.lead, sizes.q_len, sizes.k_len),
     }
-    weights_ = {
-        (
-            *lead,
-            k_len,
-            q_len,
-        ): "the weights are [..., k_len, q_len]: the scores are query @ key^T, [..., q_len, k_len]",
-        (*lead, q_len, d_v): f"the weights have the width of the values: {order}",
-        (*lead, q_len, q_len): "the scores compare the queries with themselves: use query @ key^T",
-    }
-    return {"output": output, "weights": weights_}
 
 
 def pair(result: Any, call: Any) -> tuple[Any, Any]:
@@ -354,84 +347,90 @@ def attention_check(
     hints: dict[str, dict[tuple[int, ...], str]] | None = None,
     extra: Callable[[Any, Any, Any], None] | None = None,
 ) -> Check:
-    """A check of one call of an attention function: the pair, its shapes, then its values.
+    """A check of one call of an attention function with keyword ``arguments`` of ``sizes``: the pair, its
+    shapes (likely causes: ``hints``, default :func:`shape_hints`), ``extra(output, weights, call)``, then its
+    values against ``answer(arguments) = ((output, weights), naive_errors)`` (``None``: shapes only).
 
-    Args:
-        part, arguments: the part, and the call's keyword arguments.
-        sizes: the call's sizes: the output is ``[*lead, q_len, d_v]``, the weights ``[*lead, q_len, k_len]``.
-        answer: ``answer(arguments) = ((output, weights), naive_errors)``; ``None`` judges the shapes only.
-        formats: judge the dtype and the device too, and that the inputs are left unchanged (the cells on
-            dtypes); other cells do not.
-        note: the right answer in words, added to a value mismatch.
-        on_raise: added to a failure that an exception caused.
-        to_qkv, rows, names: how the arguments give query, key and value, the mistakes to diagnose, and the
-            names of the arguments that queries and keys come from (``{"target": ..., "source": ...}``).
-        hints: likely causes of wrong shapes (default :func:`shape_hints`).
-        extra: ``extra(output, weights, call)``, another check once the shapes hold (rows with no key).
+    ``formats`` judges the dtype, the device and that the inputs are left unchanged too (the cells on dtypes);
+    ``note`` says the right answer in words; ``on_raise`` is added to a failure an exception caused;
+    ``to_qkv``, ``rows`` and ``names`` give query, key and value, the mistakes to try, and the names of the
+    arguments that queries and keys come from (``{"target": ..., "source": ...}``).
     """
     call = part.call(**arguments)
     first = next(v for v in arguments.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
-    hints = hints or shape_hints(sizes)
-    shapes = {
-        "output": (*sizes.lead, sizes.q_len, sizes.d_v),
-        "weights": (*sizes.lead, sizes.q_len, sizes.k_len),
-    }
+    hints, right_shapes = hints or shape_hints(sizes), expected_shapes(sizes)
 
     def judge(result: Any) -> None:
         output, weights_ = pair(result, call)
         for which, actual in (("output", output), ("weights", weights_)):
-            where = f"the {which} of {call}"
+            where, shape = f"the {which} of {call}", right_shapes[which]
             if formats:
-                assert_format(actual, where, shapes[which], first.dtype, first.device, hints[which])
+                assert_format(actual, where, shape, first.dtype, first.device, hints[which])
             else:
-                assert_shape(actual, where, shapes[which], hints[which])
+                assert_shape(actual, where, shape, hints[which])
         if extra is not None:
             extra(output, weights_, call)
         if answer is None:
             return
         expected, naive_errors = answer(arguments)
-        for which, actual, right, error in (
-            ("weights", weights_, expected[1], naive_errors[1]),
-            ("output", output, expected[0], naive_errors[0]),
-        ):
+        for which, actual, index in (("weights", weights_, 1), ("output", output, 0)):
             wrong = lambda which=which: mistakes(arguments, which, to_qkv, rows, names)  # noqa: E731
-            where = f"the {which} of {call}"
-            assert_values(
-                actual,
-                right,
-                where,
-                dtype=first.dtype,
-                naive_error=error,
-                mistakes=wrong,
-                hints=hints[which],
-                note=note,
-            )
+            options = dict(dtype=first.dtype, naive_error=naive_errors[index], mistakes=wrong, note=note)
+            assert_values(actual, expected[index], f"the {which} of {call}", hints=hints[which], **options)
 
     return Check(call, judge, untouched=formats, on_raise=on_raise)
 
 
 def hidden_checks(
-    part: Part,
-    make: Callable[[Sizes, int, torch.dtype], dict],
-    dtypes: Sequence[torch.dtype],
-    seed: int,
-    **options: Any,
+    part: Part, make: Callable, dtypes: Sequence[torch.dtype], seed: int, per_size=None, **options: Any
 ) -> Iterator[Check]:
-    """:func:`attention_check` s against the reference, for every size of :data:`HIDDEN_SIZES` and dtype."""
+    """:func:`attention_check` s of every :data:`HIDDEN_SIZES` in every dtype, against the reference unless
+    ``options`` give another ``answer``. ``make(sizes, seed, dtype)`` gives the arguments, or ``(sizes,
+    arguments)`` where the call's sizes differ; ``per_size(sizes)``, options that depend on the sizes."""
+    options.setdefault("answer", reference(part))
     for case, sizes in enumerate(HIDDEN_SIZES):
         for dtype in dtypes:
+            made = make(sizes, seed + 10 * case, dtype)
+            called, arguments = made if isinstance(made, tuple) else (sizes, made)
             yield attention_check(
-                part, make(sizes, seed + 10 * case, dtype), sizes, reference(part), **options
+                part, arguments, called, **options, **(per_size(called) if per_size else {})
             )
 
 
+def permuted(
+    part: Part, arguments: dict, sizes: Sizes, argument: str, seed: int, texts, hints, queries: bool
+) -> Check:
+    """Two calls of the learner's function: on ``arguments``, then with ``argument``'s positions permuted.
+
+    Keys and values come from ``argument``, so the weights' columns move and the output stays; where the
+    queries come from it too (``queries``) their rows move the same way. The judge compares the learner's own
+    two results. ``texts``: the second call's label, the likely cause, what output and weights fail to be.
+    """
+    order = torch.randperm(sizes.k_len, generator=seeded_generator(seed))
+    order[order.clone()] = torch.roll(order, -1)  # one cycle through a random order: every position moves
+    label, hint, *meanings = texts
+    moved = {**arguments, argument: arguments[argument][..., order.to(arguments[argument].device), :]}
+    calls, right_shapes = (part.call(**arguments), part.call(label, **moved)), expected_shapes(sizes)
+    rows = order if queries else slice(None)
+
+    def judge(*results: Any) -> None:
+        pairs = [pair(result, call) for result, call in zip(results, calls, strict=True)]
+        for call, results_ in zip(calls, pairs, strict=True):
+            for which, actual in zip(right_shapes, results_, strict=True):
+                assert_shape(actual, f"the {which} of {call}", right_shapes[which], hints[which])
+        (output, weights_), changed = ([x.detach().cpu().double() for x in p] for p in pairs)
+        expected = (output[..., rows, :], weights_[..., rows, :][..., order])
+        for which, actual, right, meaning in zip(right_shapes, changed, expected, meanings, strict=True):
+            largest = (actual - right).abs().nan_to_num(math.inf).max().item()
+            if not largest <= 1e-6 + 1e-5 * right.abs().max().item():  # the learner's own results, in float64
+                fail(f"the {which} of {calls[1]} {meaning} (largest difference {largest:.3g}).", hint)
+
+    return Check(calls, judge)
+
+
 def exception_hints(extra: str = "") -> Hints:
-    """Hints for exceptions in attention code: the table ``extra`` first, then einsum's."""
-    return hint_table(
-        extra
-        + """
-number of subscripts | einsum
-    an einsum equation with fixed axes works for one number of leading axes only: use an ellipsis, as in
-    torch.einsum('...qd,...kd->...qk', query, key)
-"""
-    )
+    """Hints for exceptions in attention code: the :func:`table` ``extra`` first, then einsum's."""
+    return hint_table(extra) + hint_table("""
+number of subscripts | einsum: an einsum equation with fixed axes works for one number of leading axes only:
+    use an ellipsis, as in torch.einsum('...qd,...kd->...qk', query, key)
+""")

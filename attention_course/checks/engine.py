@@ -1,20 +1,12 @@
 """The check engine: what a test cell checks, how a learner's function is called, and where it is judged.
 
-A **behaviour** is what one test cell checks: its name is the cell's nbgrader ``grade_id``; it names the
-learner's function and its points; its *plan* yields the :class:`Check` s of the visible or the hidden
-part. A check is one or more :class:`Call` s of the learner's function (the arguments are data) and a
-*judge*, which decides from what came back whether the behaviour holds, or raises :class:`CheckFailure`:
-what was called, what was expected, what came back, the likely cause. A test cell has one line per part::
-
-    checks.sdpa_mask(scaled_dot_product_attention)           # visible: properties, known answers, built-ins
-    checks.sdpa_mask.hidden(scaled_dot_product_attention)    # hidden: more inputs, against the reference
-
-A behaviour runs in one of two modes, with the same plan and the same judges. **Together**, in one
-process: a learner running a visible check, or ``nbgrader autograde``, which runs test cells (hidden parts
-included) in the learner's kernel. **Split**, under ``attention-grade``: the grader makes the plans and
-writes the calls' arguments to files; in the learner's kernel a recorder (:mod:`attention_course.grading.
-recorder`) only calls the learner's function on them and records what came back; the judges run in the
-grader's own process (:mod:`attention_course.grading.split`), which never runs learner code.
+A **behaviour** is one test cell's check (its name is the cell's ``grade_id``): a *plan* yields the
+:class:`Check` s of its visible or hidden part, each one or more :class:`Call` s of the learner's function and
+a *judge* that raises :class:`CheckFailure` (the call, what was expected, what came back, the likely cause).
+A test cell runs ``checks.sdpa_mask(fn)`` and, hidden, ``checks.sdpa_mask.hidden(fn)``. The same plan and
+judges run **together** (one process: a learner's visible check, ``nbgrader autograde``) or **split**, under
+``attention-grade``: the learner's kernel only calls and records (:mod:`attention_course.grading.recorder`),
+and the grader's own process judges (:mod:`attention_course.grading.split`), never running learner code.
 """
 
 from __future__ import annotations
@@ -39,6 +31,7 @@ from attention_course.device import default_device, seeded_generator
 
 # the profiler's switches, taken when the checks are imported (before a learner's cell can replace them)
 _SETPROFILE, _GETPROFILE = sys.setprofile, sys.getprofile
+_FIND_AND_LOAD = importlib._bootstrap._find_and_load.__code__  # every import goes through it
 # the recorder that attention-grade installs in a kernel, before any cell runs: then behaviours record
 RECORDER: list[Any] = []
 
@@ -46,8 +39,7 @@ RECORDER: list[Any] = []
 class CheckFailure(AssertionError):
     """A behaviour does not hold: the ``call``, what was ``expected``, what was ``got``, the likely ``cause``.
 
-    ``str()`` is the learner's message: ``message``, then ``Likely cause: ...`` when a cause is known, then
-    any ``notes``. Reports use the fields; nothing parses the message.
+    ``str()`` is ``message``, ``Likely cause: ...`` and ``notes``; reports use the fields, nothing parses it.
     """
 
     def __init__(
@@ -92,8 +84,7 @@ def hide_engine_frames(method: Callable[..., Any]) -> Callable[..., Any]:
     return entry_point
 
 
-# ==================================================================================================
-# values and calls
+# --- values and calls
 
 
 @dataclass(frozen=True)
@@ -132,7 +123,7 @@ def describe(value: Any) -> str:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    return str(dtype).removeprefix("torch.")  # float32
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,11 +141,12 @@ class Call:
 
     def copies(self) -> tuple[list[Any], dict[str, Any]]:
         """Fresh copies of the arguments (tensors cloned, generators made), as ``(args, kwargs)``."""
-        values = {
-            name: value.clone() if isinstance(value, torch.Tensor) else value
-            for name, value in self.arguments.items()
-        }
-        values = {k: seeded_generator(v.seed) if isinstance(v, Seeded) else v for k, v in values.items()}
+        values = dict(self.arguments)
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor | Seeded):
+                values[name] = (
+                    value.clone() if isinstance(value, torch.Tensor) else seeded_generator(value.seed)
+                )
         return (list(values.values()), {}) if self.positional else ([], values)
 
 
@@ -221,23 +213,26 @@ def fingerprint(code: types.CodeType) -> str:
 def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
     """Call ``fn`` on copies of ``call``'s arguments and note what happened (in the learner's process).
 
-    Python functions are seen on entry and C functions (``torch.softmax``, ``Tensor.softmax``, SDPA) when
-    called, through :func:`sys.setprofile`, so that neither an alias nor a helper hides a built-in; calls
-    inside the learner's own notebook (the function's globals) are left out. A canary call proves that the
-    profiler sees calls: a function that switches it off or replaces it is not ``observed``. The call runs
-    with torch's global generators seeded with ``seed`` (its place in its part) and restored afterwards,
-    so that its outcome does not depend on what ran before. ``BaseException`` s (a time limit's
-    ``KeyboardInterrupt``) are not caught.
+    :func:`sys.setprofile` sees Python functions on entry and C functions (``torch.softmax``, SDPA) when
+    called, so that neither an alias nor a helper hides a built-in; the learner's own functions (its globals)
+    and imports are left out, and a canary proves that the profiler works (else not ``observed``). Torch's
+    global generators are seeded with ``seed`` and restored, so that the outcome never depends on what ran
+    before. ``BaseException`` s (a time limit's ``KeyboardInterrupt``) are not caught.
     """
     owner = getattr(fn, "__globals__", None)
     args, kwargs = call.copies()
     seen: dict[tuple[str, str], None] = {}
     listening = [True]  # off before the profiler is restored, so that the engine's own calls are left out
+    importing = [0]  # an import runs module code (class bodies, registrations) that is not the learner's
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        if listening[0] and event == "call" and frame.f_globals is not owner:
+        if frame.f_code is _FIND_AND_LOAD and event in ("call", "return"):
+            importing[0] += 1 if event == "call" else -1
+        if not listening[0] or importing[0]:
+            return
+        if event == "call" and frame.f_globals is not owner:
             seen[(str(frame.f_globals.get("__name__", "")), frame.f_code.co_name)] = None
-        elif listening[0] and event == "c_call":
+        elif event == "c_call":
             module, name = str(getattr(arg, "__module__", "") or ""), str(getattr(arg, "__name__", ""))
             if module.startswith("torch._ops") and not name:  # an overload, torch.ops.aten.softmax.int
                 name = repr(frame.f_locals.get("self"))[:80]
@@ -277,8 +272,7 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
     )
 
 
-# ==================================================================================================
-# the course's own answers, and what a function may not call
+# --- the course's own answers, and what a function may not call
 
 
 def is_answer_module(module: str) -> bool:
@@ -318,21 +312,22 @@ def judge_learner(learner: Learner, name: str) -> None:
         )
 
 
-_PROFILER_SWITCHES = {("sys", "setprofile"), ("sys", "settrace"), ("threading", "setprofile")}
-_CONCURRENCY = ("threading", "_thread", "multiprocessing", "concurrent")  # where calls are not seen
+# what hides a function's calls from the profiler: switching it, or starting a thread or a process
+_HIDING = {
+    tuple(name.rsplit(".", 1))
+    for name in "sys.setprofile sys.settrace threading.setprofile threading.start "
+    "_thread.start_new_thread _thread.start_joinable_thread multiprocessing.process.start".split()
+}
 
 
 def _judge_calls(call: Call, outcome: Outcome) -> None:
     """Fail if the call could not be observed, or called one of the course's own answers."""
-    hidden = [
-        f"{m}.{n}" for m, n in outcome.calls if (m, n) in _PROFILER_SWITCHES or m.startswith(_CONCURRENCY)
-    ]
+    hidden = [f"{m}.{n}" for m, n in outcome.calls if (m, n) in _HIDING]
     if not outcome.observed or hidden:
         which = f" ({', '.join(hidden)})" if hidden else ""
         fail(
             f"{call} could not be observed: it switched off or replaced Python's profiler (sys.setprofile), "
-            "or "
-            f"ran code in another thread{which}, so the checks cannot see which functions it calls."
+            f"or ran code in another thread{which}, so the checks cannot see which functions it calls."
         )
     answers = sorted({f"{m}.{n}" for m, n in outcome.calls if is_answer_module(m)})
     if answers:
@@ -367,73 +362,79 @@ class FromScratch:
         return any(word in name.lower() for word in self.words)
 
 
-# ==================================================================================================
-# exceptions: the likely cause from the message
+# --- tables of what learners read; the likely cause of an exception
 
 Hints = Sequence[tuple[str, str]]  # ("pattern | pattern", hint): the hint of an exception with a pattern
 
 
-def hint_table(text: str) -> Hints:
-    """Hints from a table: a line of patterns separated by `` | ``, then the hint on indented lines."""
-    rows: list[list[str]] = []
+def table(text: str) -> dict[str, str]:
+    """``{key: text}`` from lines ``key: text`` (the key ends at ``": "``), continued on indented lines."""
+    rows: dict[str, str] = {}
     for line in text.strip("\n").splitlines():
-        if line.startswith(" "):
-            rows[-1][1] = f"{rows[-1][1]} {line.strip()}".strip()
-        else:
-            rows.append([line.strip(), ""])
-    return tuple((patterns, hint) for patterns, hint in rows)
+        if line.startswith(" ") and rows:
+            key = next(reversed(rows))
+            rows[key] = f"{rows[key]} {line.strip()}"
+        elif line.strip():
+            key, _, value = line.partition(": ")
+            rows[key.strip()] = value.strip()
+    return rows
+
+
+def hint_table(text: str) -> Hints:
+    """Hints for exceptions, from a :func:`table` whose keys are fragments of messages separated by ``|``."""
+    return tuple(table(text).items())
+
+
+def shapes(
+    rows: dict[str, str], kind: str, lead: Sequence[int] = (), **sizes: int
+) -> dict[tuple[int, ...], str]:
+    """``{shape: hint}``, likely causes of wrong shapes, from the rows ``<kind> <axes>`` of a :func:`table`.
+
+    An axis is a name, sized by ``sizes`` (a row naming another is left out), or a number.
+    """
+    found = {}
+    for key, hint in rows.items():
+        head, *axes = key.split()
+        if head == kind and all(axis in sizes or axis.isdigit() for axis in axes):
+            found[(*lead, *(sizes[a] if a in sizes else int(a) for a in axes))] = hint
+    return found
 
 
 GENERAL_HINTS = hint_table("""
-cannot be converted to type | without overflow
-    a fill value such as -1e9 does not fit in float16 (its largest value is 65504): fill masked scores with
-    float('-inf') or torch.finfo(scores.dtype).min
-bitwise_and | bitwise_or
-    masks are combined with & only when both are boolean: build them with dtype=torch.bool
-    (torch.ones(..., dtype=torch.bool)) or call .bool()
-with a bool tensor is not supported
-    a boolean mask is negated with ~mask (logical not), not with 1 - mask or -mask
-only supports boolean masks
-    masked_fill takes a boolean mask (True where it fills): build it with dtype=torch.bool, or compare
-    (mask == 0) to get one
-return_types.max | return_types.min
-    x.max(dim) returns a pair (values, indices): use x.amax(dim=dim, keepdim=True), or
-    x.max(dim=dim, keepdim=True).values
-must be a 3D tensor
-    torch.bmm takes 3-D tensors [batch, n, m] only: with several leading axes (batch, heads) use @
-    (torch.matmul), which broadcasts over them
-same device
-    create new tensors on the device of the inputs (device=x.device), never on a fixed device
-expected scalar type | same dtype | expected m1 and m2 to have the same dtype | dtype mismatch
-    create new tensors with the dtype of the inputs (dtype=x.dtype) so that every dtype works
-out of range
-    an axis index is out of range: with leading (batch, head) axes, count axes from the end (-1 for the last,
-    -2 for the one before)
-size of tensor | mat1 and mat2 | cannot be multiplied | must match the size | Expected size | shape | expand
-    | broadcast
-    shapes do not fit: check which axes you transpose, sum and broadcast over; with leading (batch, head) axes
-    use key.transpose(-2, -1), not key.T or key.transpose(0, 1)
-unexpected keyword argument | missing 1 required positional argument | positional arguments
-    keep the signature given in the task, argument names and defaults included
-is not defined
-    a name your function uses is not defined: run the cell that defines or imports it first
+cannot be converted to type | without overflow: a fill value such as -1e9 does not fit in float16 (its
+    largest value is 65504): fill masked scores with float('-inf') or torch.finfo(scores.dtype).min
+bitwise_and | bitwise_or: masks are combined with & only when both are boolean: build them with
+    dtype=torch.bool (torch.ones(..., dtype=torch.bool)) or call .bool()
+with a bool tensor is not supported: a boolean mask is negated with ~mask (logical not), not with 1 - mask
+only supports boolean masks: masked_fill takes a boolean mask (True where it fills): build it with
+    dtype=torch.bool, or compare (mask == 0) to get one
+return_types.max | return_types.min: x.max(dim) returns a pair (values, indices): use
+    x.amax(dim=dim, keepdim=True), or x.max(dim=dim, keepdim=True).values
+must be a 3D tensor: torch.bmm takes 3-D tensors [batch, n, m] only: with several leading axes (batch,
+    heads) use @ (torch.matmul), which broadcasts over them
+same device: create new tensors on the device of the inputs (device=x.device), never on a fixed device
+expected scalar type | same dtype | expected m1 and m2 to have the same dtype | dtype mismatch: create new
+    tensors with the dtype of the inputs (dtype=x.dtype) so that every dtype works
+out of range: an axis index is out of range: with leading (batch, head) axes, count axes from the end (-1
+    for the last, -2 for the one before)
+size of tensor | shape | Expected size | expand | broadcast: shapes do not fit: check which axes you
+    transpose, sum and broadcast over; with leading (batch, head) axes use key.transpose(-2, -1), not key.T or
+    key.transpose(0, 1)
+unexpected keyword argument | missing 1 required positional argument | positional arguments: keep the
+    signature given in the task, argument names and defaults included
+is not defined: a name your function uses is not defined: run the cell that defines or imports it first
 """)
 
 
 def hint_for(text: str, extra: Hints = ()) -> str:
     """The likely cause of an exception whose ``type: message`` is ``text``; ``extra`` hints come first."""
-    return next(
-        (
-            hint
-            for patterns, hint in (*extra, *GENERAL_HINTS)
-            if any(p in text for p in patterns.split(" | "))
-        ),
-        "",
-    )
+    for patterns, hint in (*extra, *GENERAL_HINTS):
+        if any(pattern in text for pattern in patterns.split(" | ")):
+            return hint
+    return ""
 
 
-# ==================================================================================================
-# checks, parts and behaviours
+# --- checks, parts and behaviours
 
 
 @dataclass(frozen=True)
@@ -592,8 +593,7 @@ def behaviour(*, function: str, points: float, hints: Hints = ()) -> Callable[[P
     return lambda plan: Behaviour(plan, function=function, points=points, hints=hints)
 
 
-# ==================================================================================================
-# comparing
+# --- comparing
 
 # (rtol, atol) floors per dtype, for results of size about 1 computed in that dtype
 _FLOORS = {
@@ -611,22 +611,15 @@ def coarser(first: torch.dtype, second: torch.dtype) -> torch.dtype:
 
 
 def tolerance(dtype: torch.dtype, naive_error: float = 0.0) -> tuple[float, float]:
-    """``(rtol, atol)`` for results in ``dtype``: a floor per dtype, or four times ``naive_error``.
-
-    ``naive_error`` is the largest error of a plain same-dtype implementation against float64 on the same
-    inputs (the rule of PyTorch's own attention tests): a learner may be a few times less exact than the
-    plain computation, never more.
-    """
+    """``(rtol, atol)`` for ``dtype``: a floor, or four times ``naive_error``, the error of a plain same-dtype
+    computation against float64 (the rule of PyTorch's attention tests: a few times less exact, no more)."""
     rtol, atol = _FLOORS.get(dtype, _FLOORS[torch.float32])
     return rtol, max(atol, 4.0 * naive_error)
 
 
 def close(actual: Any, expected: torch.Tensor, dtype: torch.dtype, naive_error: float = 0.0) -> bool:
-    """Whether ``actual`` matches ``expected`` within the tolerance of ``dtype``, in float64.
-
-    Only the finite elements of ``actual`` are compared, and at least half must be: a mistake explains a
-    result that is NaN in the rows that the mistake leaves empty.
-    """
+    """Whether ``actual`` matches ``expected`` within ``dtype``'s tolerance, on its finite elements (at least
+    half must be: a mistake explains a result that is NaN in rows that the mistake leaves empty)."""
     if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
         return False
     rtol, atol = tolerance(dtype, naive_error)
@@ -697,12 +690,9 @@ def assert_values(
     hints: dict | None = None,
     note: str = "",
 ) -> None:
-    """Fail unless ``actual`` has the shape and the values of ``expected`` (not its dtype and device).
-
-    Cells of their own judge dtypes and devices: values are compared on the CPU in float64, within the
-    tolerance of the coarser of ``dtype`` (default ``expected.dtype``) and ``actual``'s dtype. A mismatch
-    names the worst element and, when one of ``mistakes()`` reproduces it, the likely cause.
-    """
+    """Fail unless ``actual`` has ``expected``'s shape and values, compared in float64 within the tolerance of
+    the coarser of ``dtype`` and ``actual``'s (cells of their own judge dtypes and devices). A mismatch names
+    the worst element and, when one of ``mistakes()`` reproduces it, the likely cause."""
     dtype = dtype or expected.dtype
     assert_shape(actual, where, expected.shape, hints, dtype)
     dtype = coarser(dtype, actual.dtype)
@@ -723,12 +713,11 @@ def assert_values(
     if mismatch.any():
         error = ((a - e).abs() - rtol * e.abs()).masked_fill(~mismatch, -math.inf)
         index = tuple(torch.nonzero(error == error.max())[0].tolist())
-        right, wrong = f"{e[index].item():.6g}", f"{a[index].item():.6g}"
+        right, wrong, share = f"{e[index].item():.6g}", f"{a[index].item():.6g}", mismatch.double().mean()
         fail(
             f"{where} does not match ({dtype_name(dtype)}, shape {list(a.shape)}): {int(mismatch.sum())} of "
-            f"{mismatch.numel()} elements differ ({mismatch.double().mean().item():.0%}); the worst, at "
-            "index "
-            f"{list(index)}, is {wrong} where {right} is expected (rtol {rtol:g}, atol {atol:.2g})."
+            f"{mismatch.numel()} elements differ ({share:.0%}); the worst, at index {list(index)}, is "
+            f"{wrong} where {right} is expected (rtol {rtol:g}, atol {atol:.2g})."
             + (f" {note}" if note else ""),
             cause(mistakes()) if mistakes else "",
             expected=f"{right} at {list(index)}",
@@ -737,12 +726,8 @@ def assert_values(
 
 
 def reference_answer(reference: Callable[..., Any], arguments: dict[str, Any]) -> tuple[tuple, tuple]:
-    """The right answer in float64 for ``arguments``, and the error a plain same-dtype computation makes.
-
-    The reference runs on the arguments upcast to float64 (the truth for exactly the values the learner's
-    function sees) and as they are (its error sets the tolerance, see :func:`tolerance`). A reference that
-    returns one tensor gives tuples of one.
-    """
+    """The answer in float64 (the reference on the arguments upcast) and the error of the reference run on the
+    arguments as they are (the tolerance, :func:`tolerance`): tuples, of one for one tensor."""
     wide = {
         k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
         for k, v in arguments.items()

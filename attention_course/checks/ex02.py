@@ -7,8 +7,11 @@ device and in-place edits are judged only by the cells that name them.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,15 +32,24 @@ from attention_course.checks.engine import (
     fail,
     hint_table,
     randn,
+    table,
     type_name,
 )
 
 SOFTMAX_HINTS = hint_table("""
-size of tensor | must match the size
-    the max and the sum over dim must keep that axis (keepdim=True) so that they broadcast against x
+size of tensor | must match the size: the max and the sum over dim must keep that axis (keepdim=True) so that
+    they broadcast against x
 """)
 # torch.softmax, F.softmax, Tensor.softmax, log_softmax, nn.Softmax, torch.special.softmax, aten's ops
 SOFTMAX_RULE = FromScratch("softmax", ("softmax",))
+# likely causes of NaN or inf from scores that overflow a plain exp
+OVERFLOW = table("""
+1000: exp(1000) is inf in float32 (exp overflows above 88.7); subtract the max along dim before exponentiating
+    (softmax is shift invariant)
+global: subtract the max of each slice along dim (x.amax(dim=dim, keepdim=True)), not the max of the whole
+    tensor: a row far below the global max underflows to 0 / 0
+float16: exp(20) is inf in float16 (exp overflows above 11.09); subtract the max along dim first
+""")
 
 # ==================================================================================================
 # 1. softmax
@@ -49,10 +61,8 @@ def _softmax_mistakes(x: torch.Tensor, dim: int) -> Iterator[Mistake]:
         hint = f"the softmax runs over axis {other} while dim={dim} was asked for: use `dim` in both the max "
         yield Mistake(hint + "and the sum", torch.softmax(x, other))
     shifted = x - x.amax(dim=dim, keepdim=True)
-    yield Mistake(
-        "the sum runs over the whole tensor: sum along dim only, with keepdim=True",
-        shifted.exp() / shifted.exp().sum(),
-    )
+    whole = "the sum runs over the whole tensor: sum along dim only, with keepdim=True"
+    yield Mistake(whole, shifted.exp() / shifted.exp().sum())
     yield Mistake("it returns log-probabilities: exponentiate the shifted scores", torch.log_softmax(x, dim))
     yield Mistake("the exponentials are not divided by their sum along dim", shifted.exp())
 
@@ -102,18 +112,19 @@ def softmax_sums_to_one(part: Part) -> Iterator[Check]:
     yield _distribution(part, x.double(), -1)  # the dtype follows x
 
 
-def _against(
-    part: Part, x: torch.Tensor, dim: int, answer: Callable[[], tuple[torch.Tensor, float]]
-) -> Check:
-    """softmax(x, dim) has the values of ``answer() = (expected, naive_error)``, whatever its dtype."""
-    call = part.call(x=x, dim=dim)
+def _against(part: Part, x: torch.Tensor, dim: int, answer, overflow: str = "") -> Check:
+    """softmax(x, dim) has the values of ``answer() = (expected, naive_error)``, whatever its dtype.
+
+    ``overflow`` is the likely cause of NaN or inf in the result (a check of stability).
+    """
+    call, wrong = part.call(x=x, dim=dim), functools.partial(_softmax_mistakes, x, dim)
 
     def judge(result: Any) -> None:
-        expected, naive_error = answer()
-        wrong = lambda: _softmax_mistakes(x, dim)  # noqa: E731
-        assert_values(
-            result, expected, f"the result of {call}", dtype=x.dtype, naive_error=naive_error, mistakes=wrong
-        )
+        tensor = isinstance(result, torch.Tensor) and result.shape == x.shape
+        if overflow and tensor and not result.isfinite().all():
+            fail(f"the result of {call} contains NaN or inf.", overflow)
+        (expected, error), where = answer(), f"the result of {call}"
+        assert_values(result, expected, where, dtype=x.dtype, naive_error=error, mistakes=wrong)
 
     return Check(call, judge)
 
@@ -145,31 +156,17 @@ def softmax_matches_torch(part: Part) -> Iterator[Check]:
             yield _against(part, x, dim, lambda x=x, dim=dim: (torch.softmax(x.double(), dim), 0.0))
 
 
-def _stable(part: Part, x: torch.Tensor, hint: str) -> Check:
-    call = part.call(x=x, dim=-1)
-
-    def judge(result: Any) -> None:
-        if isinstance(result, torch.Tensor) and result.shape == x.shape and not torch.isfinite(result).all():
-            fail(f"the result of {call} contains NaN or inf.", hint)
-        assert_values(result, torch.softmax(x.double(), dim=-1), f"the result of {call}", dtype=x.dtype)
-
-    return Check(call, judge)
-
-
 def _shift_invariant(part: Part, x: torch.Tensor, shift: torch.Tensor) -> Check:
     def judge(plain: Any, shifted: Any) -> None:
-        if (
-            not isinstance(plain, torch.Tensor)
-            or not isinstance(shifted, torch.Tensor)
-            or plain.shape != shifted.shape
-        ):
+        results = (plain, shifted)
+        if not all(isinstance(r, torch.Tensor) for r in results) or plain.shape != shifted.shape:
             fail("softmax(x) and softmax(x + c) should be tensors of x's shape.")
         largest = (plain.cpu().double() - shifted.cpu().double()).abs().max().item()
         if not largest <= 1e-6:
             fail(
                 "softmax(x + c) differs from softmax(x) for a constant c per row (largest difference "
-                f"{largest:.3g}); "
-                "softmax is shift invariant, and a stable implementation keeps it so to float32 precision."
+                f"{largest:.3g}); softmax is shift invariant, and a stable implementation keeps it so to "
+                "float32 precision."
             )
 
     return Check((part.call(x=x, dim=-1), part.call(x=x + shift, dim=-1)), judge)
@@ -183,16 +180,8 @@ def softmax_is_stable(part: Part) -> Iterator[Check]:
         return
     base = randn((4, 6), seed=2, device=part.device, dtype=torch.float32)
     rows = torch.tensor([[1000.0], [0.0], [-1000.0], [500.0]], device=part.device)
-    overflow = "exp(1000) is inf in float32 (exp overflows above 88.7); subtract the max along dim before "
-    yield _stable(part, 1000 + 3 * base, overflow + "exponentiating (softmax is shift invariant)")
-    yield _stable(
-        part,
-        base + rows,
-        "subtract the max of each slice along dim (x.amax(dim=dim, keepdim=True)), not the max of the whole "
-        "tensor: a row far below the global max underflows to 0 / 0",
-    )
-    half = "exp(20) is inf in float16 (exp overflows above 11.09); subtract the max along dim first"
-    yield _stable(part, (20 + base).half(), half)
+    for x, cause in ((1000 + 3 * base, "1000"), (base + rows, "global"), ((20 + base).half(), "float16")):
+        yield _against(part, x, -1, lambda x=x: (torch.softmax(x.double(), dim=-1), 0.0), OVERFLOW[cause])
     yield _shift_invariant(part, base, 50 * randn((4, 1), seed=3, device=part.device, dtype=torch.float32))
 
 
@@ -202,10 +191,8 @@ def softmax_from_scratch(part: Part) -> Iterator[Check]:
     shape, dtypes = ((2, 3, 5, 7), DTYPES) if part.hidden else ((3, 4, 5), (torch.float32, torch.float16))
     if not part.hidden:
         yield from correct_first(softmax_matches_torch.plan(part), "softmax")
-    x = randn(shape, seed=4, device=part.device)
-    yield SOFTMAX_RULE.check(
-        [part.call(x=x.to(dtype), dim=dim) for dtype in dtypes for dim in (-1, 2 if part.hidden else 0)]
-    )
+    x, dims = randn(shape, seed=4, device=part.device), (-1, 2 if part.hidden else 0)
+    yield SOFTMAX_RULE.check([part.call(x=x.to(dtype), dim=dim) for dtype in dtypes for dim in dims])
 
 
 # ==================================================================================================
@@ -216,13 +203,25 @@ SDPA_HINTS = family.exception_hints()
 
 
 def _inputs(part: Part, masked: bool) -> Callable[[Sizes, int, torch.dtype], dict]:
-    def make(sizes: Sizes, seed: int, dtype: torch.dtype) -> dict:
+    """Arguments for ``sizes``, with a mask that broadcasts over them (``masked``)."""
+
+    def make(sizes: Sizes, seed: int, dtype: torch.dtype = torch.float64) -> dict:
         arguments = family.qkv(sizes, seed=seed, device=part.device, dtype=dtype)
         if masked:
             arguments["mask"] = family.mask(family.mask_shape(sizes), seed=seed + 5, device=part.device)
         return arguments
 
     return make
+
+
+def _visible(
+    part: Part, seed: int, answer, masked: bool, dtypes=(torch.float64,), **options
+) -> Iterator[Check]:
+    """Checks of VISIBLE with 2, 1 and no leading axes, in ``dtypes``, against ``answer``."""
+    for index, (lead, dtype) in enumerate(itertools.product(family.LEADS, dtypes)):
+        sizes = replace(VISIBLE, lead=lead)
+        arguments = _inputs(part, masked)(sizes, seed + index, dtype)
+        yield family.attention_check(part, arguments, sizes, answer, **options)
 
 
 @behaviour(function="scaled_dot_product_attention", points=1, hints=SDPA_HINTS)
@@ -248,9 +247,7 @@ def sdpa_matches_builtin(part: Part) -> Iterator[Check]:
     mean = arguments["value"].mean(dim=-2, keepdim=True).expand(2, 3, 5, 6)
     note = "With identical keys every weight is 1/k_len and the output is the mean of the values."
     yield family.attention_check(part, arguments, VISIBLE, lambda _: ((mean, uniform), (0.0, 0.0)), note=note)
-    yield family.attention_check(
-        part, family.qkv(VISIBLE, seed=21, device=part.device), VISIBLE, family.builtin()
-    )
+    yield from _visible(part, 21, family.builtin(), masked=False)
 
 
 @behaviour(function="scaled_dot_product_attention", points=2, hints=SDPA_HINTS)
@@ -263,6 +260,7 @@ def sdpa_mask(part: Part) -> Iterator[Check]:
     for seed, shape in enumerate(((5, 7), (2, 1, 1, 7), (2, 3, 5, 7))):
         mask = family.mask(shape, seed=31 + seed, device=part.device)
         yield family.attention_check(part, {**arguments, "mask": mask}, VISIBLE, family.builtin())
+    yield from _visible(part, 35, family.builtin(), masked=True)
 
 
 @behaviour(function="scaled_dot_product_attention", points=1, hints=SDPA_HINTS)
@@ -272,10 +270,7 @@ def sdpa_dtype_and_inputs(part: Part) -> Iterator[Check]:
         dtypes = (torch.float16, torch.bfloat16, torch.float32)
         yield from family.hidden_checks(part, _inputs(part, True), dtypes, seed=250, formats=True)
         return
-    for dtype in DTYPES:
-        arguments = family.qkv(VISIBLE, seed=40, device=part.device, dtype=dtype)
-        arguments["mask"] = family.mask((2, 1, 5, 7), seed=41, device=part.device)
-        yield family.attention_check(part, arguments, VISIBLE, family.plain(), formats=True)
+    yield from _visible(part, 40, family.plain(), masked=True, dtypes=DTYPES, formats=True)
 
 
 @behaviour(function="scaled_dot_product_attention", points=1, hints=SDPA_HINTS)
@@ -298,6 +293,29 @@ SPREAD_SEEDS = 100  # estimates whose spread across seeds variance_is_estimate m
 # their standard deviation lies within [0.6, 1.45] of its expectation with probability above 1 - 1e-6 for a
 # correct estimator (chi-square with 99 degrees of freedom: 1e-7 quantiles 0.65 and 1.39, with a margin)
 SPREAD_BOUNDS = (0.6, 1.45)
+# likely causes of an estimate, by the value of a known mistake that it is close to, and of a wrong spread
+VARIANCE = table("""
+1: it looks like Var(q . k / sqrt(d_k)), the variance of one component, or the variance of the individual
+    products q_i k_i: with scaled=False return the variance of the dot products q . k (sum over the d_k
+    components first), about d_k
+d_k: the scaled flag is ignored: with scaled=True divide each dot product by sqrt(d_k)
+1/d_k: the estimate is about 1/d_k: either the dot products are divided by d_k instead of sqrt(d_k), or the
+    variance is taken over the individual products q_i k_i rather than over their sums q . k
+sqrt(d_k): it looks like a standard deviation (about sqrt(d_k)): return the variance (dots.var()), not the
+    standard deviation (dots.std())
+d_k^2: Var(q . k) is d_k, not d_k^2: take the variance of the dot products
+0: this is about 0, like a mean (E[q . k] = 0) rather than a variance
+n_samples: the sum runs over the samples instead of over the d_k components
+uniform: the samples look uniform on [0, 1] (torch.rand): draw q and k from N(0, 1) with torch.randn
+other: compare your estimate with the theory: Var(q . k) = d_k, Var(q . k / sqrt(d_k)) = 1
+deviation: it looks like a standard deviation (std()), which sqrt(d_k) divides by sqrt(d_k) only, rather than
+    a variance (var()); both are about 1 when scaled=True
+unscaled: the estimate does not depend on how q . k is scaled: it looks like the variance of one component,
+    or of something else than the dot products q . k
+samples: the estimate does not use exactly n_samples independent (q, k) pairs
+generator: some draws ignore the generator; pass generator=generator to every torch.randn call, so that
+    results are reproducible
+""")
 
 
 def relative_standard_error(d_k: int, n_samples: int) -> float:
@@ -318,52 +336,16 @@ def _estimate(result: Any, call: Call) -> float:
 
 
 def _variance_hint(estimate: float, d_k: int, n_samples: int, scaled: bool) -> str:
-    """The likely cause of an estimate far from the theory, by the value it is close to."""
+    """The likely cause of an estimate far from the theory: the known mistake whose value it is close to."""
     target, spread = (1.0 if scaled else float(d_k)), 5 * relative_standard_error(d_k, n_samples)
-    candidates = [  # (value of a known mistake, relative tolerance, hint)
-        (
-            1.0,
-            spread,
-            "it looks like Var(q . k / sqrt(d_k)), the variance of one component, or the variance of the "
-            "individual "
-            "products q_i k_i: with scaled=False return the variance of the dot products q . k (sum over "
-            "the d_k "
-            "components first), about d_k",
-        ),
-        (
-            float(d_k),
-            spread,
-            "the scaled flag is ignored: with scaled=True divide each dot product by sqrt(d_k)",
-        ),
-        (
-            1.0 / d_k,
-            spread,
-            "the estimate is about 1/d_k: either the dot products are divided by d_k instead of sqrt(d_k), "
-            "or the "
-            "variance is taken over the individual products q_i k_i rather than over their sums q . k",
-        ),
-        (
-            math.sqrt(d_k),
-            spread,
-            "it looks like a standard deviation (about sqrt(d_k)): return the variance (dots.var()), not the "
-            "standard deviation (dots.std())",
-        ),
-        (float(d_k) ** 2, spread, "Var(q . k) is d_k, not d_k^2: take the variance of the dot products"),
-        (0.0, 0.0, "this is about 0, like a mean (E[q . k] = 0) rather than a variance"),
-        # only d_k sums over the samples: a rough estimate, so a wide tolerance
-        (float(n_samples), 0.75, "the sum runs over the samples instead of over the d_k components"),
-        (
-            target * 7 / 144,
-            spread,
-            "the samples look uniform on [0, 1] (torch.rand): draw q and k from N(0, 1) with torch.randn",
-        ),
-    ]
-    for value, relative, hint in candidates:
-        if value != target and (
-            abs(estimate - value) <= relative * value or (value == 0 and abs(estimate) < 0.02 * target)
-        ):
-            return hint
-    return "compare your estimate with the theory: Var(q . k) = d_k, Var(q . k / sqrt(d_k)) = 1"
+    values = {"1": 1.0, "d_k": d_k, "1/d_k": 1 / d_k, "sqrt(d_k)": math.sqrt(d_k), "d_k^2": d_k**2.0}
+    values |= {"0": 0.0, "n_samples": float(n_samples), "uniform": target * 7 / 144}
+    for name, value in values.items():
+        relative = 0.75 if name == "n_samples" else spread  # only d_k products summed: a rough estimate
+        close = abs(estimate) < 0.02 * target if value == 0 else abs(estimate - value) <= relative * value
+        if value != target and close:
+            return VARIANCE[name]
+    return VARIANCE["other"]
 
 
 def _theory(part: Part, d_k: int, n_samples: int, scaled: bool, seed: int) -> Check:
@@ -376,8 +358,7 @@ def _theory(part: Part, d_k: int, n_samples: int, scaled: bool, seed: int) -> Ch
         if not abs(estimate - theory) <= tolerance:
             fail(
                 f"{call} returned {estimate:.5g}, but the theory gives {theory:g} and {n_samples} samples "
-                "should land "
-                f"within {tolerance:.3g} of it.",
+                f"should land within {tolerance:.3g} of it.",
                 _variance_hint(estimate, d_k, n_samples, scaled),
                 expected=f"{theory:g} +- {tolerance:.3g}",
                 got=f"{estimate:.5g}",
@@ -387,12 +368,8 @@ def _theory(part: Part, d_k: int, n_samples: int, scaled: bool, seed: int) -> Ch
 
 
 def _variance_theory(part: Part, scaled: bool) -> Iterator[Check]:
-    cases = (
-        ((1, 50_000), (8, 30_000), (100, 10_000), (512, 4_000))
-        if part.hidden
-        else ((16, 20_000), (64, 20_000), (256, 20_000))
-    )
-    for d_k, n_samples in cases:
+    hidden = ((1, 50_000), (8, 30_000), (100, 10_000), (512, 4_000))
+    for d_k, n_samples in hidden if part.hidden else ((16, 20_000), (64, 20_000), (256, 20_000)):
         yield _theory(part, d_k, n_samples, scaled, seed=(400 if part.hidden else 300) + d_k)
 
 
@@ -402,41 +379,29 @@ def variance_unscaled(part: Part) -> Iterator[Check]:
     yield from _variance_theory(part, scaled=False)
 
 
-def _not_a_deviation(part: Part, d_k: int, n_samples: int, seed: int) -> Check:
-    """Across seeds, estimates for scaled=True spread d_k times less than for scaled=False.
+def _estimates(calls: tuple[Call, ...], results: tuple[Any, ...]) -> torch.Tensor:
+    return torch.tensor([_estimate(r, c) for r, c in zip(results, calls, strict=True)], dtype=torch.float64)
 
-    Scaling q . k by 1/sqrt(d_k) divides a variance by d_k; a standard deviation only by sqrt(d_k), and is
-    1, like the variance, for scaled=True.
+
+def _not_a_deviation(part: Part, d_k: int, n_samples: int, seed: int) -> Check:
+    """Across 20 seeds, estimates for scaled=True spread d_k times less than for scaled=False.
+
+    Scaling q . k by 1/sqrt(d_k) divides a variance by d_k, a standard deviation only by sqrt(d_k); and both
+    are about 1 for scaled=True.
     """
-    calls = tuple(
-        part.call(d_k=d_k, n_samples=n_samples, scaled=scaled, generator=Seeded(seed + offset))
-        for offset in range(20)
-        for scaled in (False, True)
-    )
+    seeds = [(Seeded(seed + offset), scaled) for offset in range(20) for scaled in (False, True)]
+    calls = tuple(part.call(d_k=d_k, n_samples=n_samples, scaled=s, generator=g) for g, s in seeds)
 
     def judge(*results: Any) -> None:
-        estimates = torch.tensor(
-            [_estimate(r, c) for r, c in zip(results, calls, strict=True)], dtype=torch.float64
-        )
+        estimates = _estimates(calls, results)
         unscaled, scaled = estimates[0::2].std().item(), estimates[1::2].std().item()
         ratio = unscaled / scaled if unscaled > 0 and scaled > 0 else float(d_k)
         if ratio < d_k**0.75:  # d_k for a variance, sqrt(d_k) for a standard deviation
-            cause = (
-                "it looks like a standard deviation (std()), which sqrt(d_k) divides by sqrt(d_k) only, "
-                "rather than "
-                "a variance (var()); both are about 1 when scaled=True"
-            )
-            if ratio < d_k**0.25:
-                cause = (
-                    "the estimate does not depend on how q . k is scaled: it looks like the variance of one "
-                    "component, "
-                    "or of something else than the dot products q . k"
-                )
             fail(
                 f"with the same 20 seeds, the estimates for d_k={d_k} vary {ratio:.3g} times less with "
-                "scaled=True than "
-                f"with scaled=False; dividing q . k by sqrt(d_k) divides its variance by d_k = {d_k}.",
-                cause,
+                f"scaled=True than with scaled=False; dividing q . k by sqrt(d_k) divides its variance by "
+                f"d_k = {d_k}.",
+                VARIANCE["unscaled" if ratio < d_k**0.25 else "deviation"],
             )
 
     return Check(calls, judge)
@@ -451,49 +416,38 @@ def variance_scaled(part: Part) -> Iterator[Check]:
 
 def _spread(part: Part, d_k: int, n_samples: int) -> Check:
     """The estimates over SPREAD_SEEDS seeds vary as a variance estimated from n_samples pairs does."""
-    calls = tuple(
-        part.call(d_k=d_k, n_samples=n_samples, scaled=False, generator=Seeded(s))
-        for s in range(SPREAD_SEEDS)
-    )
+    seeds = (Seeded(seed) for seed in range(SPREAD_SEEDS))
+    calls = tuple(part.call(d_k=d_k, n_samples=n_samples, scaled=False, generator=g) for g in seeds)
 
     def judge(*results: Any) -> None:
-        estimates = torch.tensor(
-            [_estimate(r, c) for r, c in zip(results, calls, strict=True)], dtype=torch.float64
-        )
+        estimates = _estimates(calls, results)
         if torch.unique(estimates).numel() == 1:
             fail(
                 f"{part.function} returns {estimates[0].item():g} whatever the generator's seed: it should "
-                "estimate "
-                "the variance from random samples, not return the theoretical value."
+                "estimate the variance from random samples, not return the theoretical value."
             )
         expected, spread = relative_standard_error(d_k, n_samples) * d_k, estimates.std().item()
         if not SPREAD_BOUNDS[0] <= spread / expected <= SPREAD_BOUNDS[1]:
             fail(
-                f"over {SPREAD_SEEDS} seeds the estimates of Var(q . k) for d_k={d_k}, "
-                f"n_samples={n_samples} vary with "
-                f"standard deviation {spread:.3g}, {spread / expected:.2g} times the {expected:.3g} that "
-                f"{n_samples} "
-                "independent samples give.",
-                "the estimate does not use exactly n_samples independent (q, k) pairs",
+                f"over {SPREAD_SEEDS} seeds the estimates of Var(q . k) for d_k={d_k}, n_samples={n_samples} "
+                f"vary with standard deviation {spread:.3g}, {spread / expected:.2g} times the "
+                f"{expected:.3g} that {n_samples} independent samples give.",
+                VARIANCE["samples"],
             )
 
     return Check(calls, judge)
 
 
 def _reproducible(part: Part, d_k: int, n_samples: int) -> Check:
-    calls = tuple(
-        part.call(d_k=d_k, n_samples=n_samples, scaled=False, generator=Seeded(7)) for _ in range(2)
-    )
+    calls = (part.call(d_k=d_k, n_samples=n_samples, scaled=False, generator=Seeded(7)),) * 2
 
-    def judge(first: Any, again: Any) -> None:
-        first, again = _estimate(first, calls[0]), _estimate(again, calls[1])
+    def judge(*results: Any) -> None:
+        first, again = _estimates(calls, results).tolist()
         if first != again:
             fail(
                 f"two calls with generators seeded alike returned different estimates ({first:.6g} and "
                 f"{again:.6g}).",
-                "some draws ignore the generator; pass generator=generator to every torch.randn call, so "
-                "that results "
-                "are reproducible",
+                VARIANCE["generator"],
             )
 
     return Check(calls, judge)
@@ -507,19 +461,3 @@ def variance_is_estimate(part: Part) -> Iterator[Check]:
     yield _spread(part, d_k, n_samples)
     call = part.call(d_k=d_k, n_samples=n_samples, scaled=False, generator=None)
     yield Check(call, lambda result: _estimate(result, call))  # the global generator must work too
-
-
-BEHAVIOURS = (
-    softmax_sums_to_one,
-    softmax_matches_torch,
-    softmax_is_stable,
-    softmax_from_scratch,
-    sdpa_shapes,
-    sdpa_matches_builtin,
-    sdpa_mask,
-    sdpa_dtype_and_inputs,
-    sdpa_from_scratch,
-    variance_unscaled,
-    variance_scaled,
-    variance_is_estimate,
-)

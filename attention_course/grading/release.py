@@ -106,7 +106,7 @@ def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.Notebo
     ids = [cell.metadata.nbgrader.get("grade_id") for cell in tests]
     if ids != [behaviour.name for behaviour in behaviours]:
         raise ValueError(
-            f"the test cells of {assignment.id} are {ids}, but {assignment.checks}.BEHAVIOURS names "
+            f"the test cells of {assignment.id} are {ids}, but {assignment.checks} defines the behaviours "
             f"{[behaviour.name for behaviour in behaviours]}"
         )
     changed = []

@@ -204,6 +204,13 @@ ROWS = [
     ),
     Row(
         "scaled_dot_product_attention",
+        "einsum_fixed_axes",  # works for two leading axes (batch, heads) only
+        "query @ key.transpose(-2, -1)",
+        'torch.einsum("bhqd,bhkd->bhqk", query, key)',
+        every(SDPA_ALL, "use an ellipsis"),
+    ),
+    Row(
+        "scaled_dot_product_attention",
         "mask_inverted",
         "~mask",
         "mask",
