@@ -6,8 +6,10 @@
 For each assignment, a scratch course directory gets the source notebook, ``nbgrader generate_assignment``
 and ``--submissions`` notebooks: some solved, some blank, some with only the first functions written.
 Both graders run as the commands an instructor types, start-up included: ``nbgrader autograde <id>``
-(one process, submissions one after another) and ``attention-grade <id> submitted/`` with one job and
-with one job per core. The script prints a table; it asserts nothing (the tests compare the points).
+(one process, submissions one after another), ``attention-grade <id> submitted/`` in split mode (test cells
+judged in the grader's process, the default) with one job and with one job per core, and
+``attention-grade --mode together`` (test cells judged in the kernel, as nbgrader) with one job per core.
+The script prints a table; it asserts nothing (the tests compare the points).
 """
 
 from __future__ import annotations
@@ -86,8 +88,10 @@ def main() -> None:
     for column in (
         "assignment",
         "nbgrader autograde",
-        "attention-grade --jobs 1",
-        f"attention-grade --jobs {cores}",
+        "split, --jobs 1",
+        f"split, --jobs {cores}",
+        f"together, --jobs {cores}",
+        "split / together",
     ):
         table.add_column(column, justify="left" if column == "assignment" else "right")
     for assignment_id in arguments.assignments:
@@ -107,10 +111,12 @@ def main() -> None:
                 run([sys.executable, "-m", "nbgrader", "autograde", assignment_id, "--force"], folder),
                 run([*grade, "--jobs", "1", "--out", "report-1"], folder),
                 run([*grade, "--jobs", str(cores), "--out", f"report-{cores}"], folder),
+                run([*grade, "--jobs", str(cores), "--mode", "together", "--out", "report-together"], folder),
             ]
         n = arguments.submissions
-        table.add_row(assignment_id, *(f"{s / n:.2f} s ({s:.1f} s in all)" for s in seconds))
-    Console().print(table)
+        cells = [f"{s / n:.2f} s ({s:.1f} s in all)" for s in seconds]
+        table.add_row(assignment_id, *cells, f"{seconds[2] / seconds[3]:.2f}")
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":

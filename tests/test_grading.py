@@ -19,20 +19,17 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from attention_course.checks._harness import CheckFailure
 
 from attention_course.grading.cli import Limits, grade
 from attention_course.registry import ASSIGNMENTS
+from tests.banks import _bank
 from tests.notebook_tools import (
     ROOT,
     Exercise,
     fill_solutions,
-    function_of,
     load_exercise,
-    notebook_functions,
+    points_by_running,
     reference_sources,
-    run_cell,
-    submission_source,
 )
 
 pytestmark = pytest.mark.slow
@@ -56,20 +53,6 @@ class Submission:
     student: str
     notebook: nbformat.NotebookNode
     expected: dict[str, float | None]  # grade id -> points (None: waiting for manual grading)
-
-
-def _expected_by_running(exercise: Exercise, sources: dict[str, str]) -> dict[str, float]:
-    """Points of each test cell when it runs in this process after the solution ``sources`` (the oracle)."""
-    functions = notebook_functions(exercise, sources)
-    points = {}
-    for cell in exercise.tests:
-        try:
-            run_cell(exercise, cell.full, functions)
-        except CheckFailure:
-            points[cell.grade_id] = 0.0
-        else:
-            points[cell.grade_id] = cell.points
-    return points
 
 
 def _answer_written_answers(notebook: nbformat.NotebookNode) -> None:
@@ -102,14 +85,14 @@ def submissions(exercise: Exercise) -> list[Submission]:
     ]
     # one wrong function per submission: the first wrong implementation of each function in the bank
     seen: set[str] = set()
-    for implementation, listed in exercise.bank.WRONG.items():
-        name = function_of(implementation)
+    for candidate in _bank.wrong(exercise.bank):
+        name = candidate.function
         if name in seen:
             continue
         seen.add(name)
-        sources = {**right_sources, name: submission_source(implementation)}
-        expected = _expected_by_running(exercise, sources)
-        assert all(expected[grade_id] == 0 for grade_id in listed)  # the bank agrees with the oracle
+        sources = {**right_sources, name: candidate.source}
+        expected = points_by_running(exercise, sources)
+        assert all(expected[grade_id] == 0 for grade_id in candidate.expected)  # the bank agrees
         buggy = fill_solutions(release, sources)
         result.append(Submission(f"buggy-{name}", buggy, {**expected, **dict.fromkeys(manual, 0.0)}))
     # a deleted test cell and an edited one come back from the source, hidden tests included

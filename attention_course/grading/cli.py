@@ -11,14 +11,22 @@ cell, a time limit per submission and a memory limit, and scored with nbgrader's
 are those ``nbgrader autograde`` gives. A submission that crashes, hangs or exhausts its memory gets 0 for
 the cells it affected; the batch goes on. The report is written as ``report.json`` and ``report.csv`` (one
 row per submission and grade cell, with the message of each failing cell), and summarised on the console.
+
+Test cells are judged outside the learner's process (``--mode split``, the default): in the kernel they
+only call the learner's functions on the grader's inputs and record what came back; this process judges
+the recordings (:mod:`attention_course.grading.split`), so that nothing a submission does to its kernel
+(replacing the checks, ``torch.allclose`` or the profiler, hiding its errors) changes a verdict.
+``--mode together`` runs the test cells, hidden tests included, in the kernel, as ``nbgrader autograde``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -36,9 +44,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from attention_course.checks.engine import CheckFailure
+from attention_course.grading import split
 from attention_course.grading.notebooks import CellResult, master_notebook, prepare, score
 from attention_course.grading.worker import GAVE_UP_EXIT
-from attention_course.registry import ASSIGNMENTS, course_root
+from attention_course.registry import ASSIGNMENTS, Assignment, course_root
 
 
 @dataclass(frozen=True)
@@ -133,10 +143,37 @@ def _kill_tree(pid: int) -> None:
     psutil.wait_procs(processes, timeout=10)
 
 
+@dataclass(frozen=True)
+class Split:
+    """What split mode needs for every submission of a batch: the plans, and their inputs written once."""
+
+    plans: split.Plans
+    inputs: Path
+
+
+def _judge(judging: Split, session: Path, key: bytes, executed: nbformat.NotebookNode) -> dict:
+    """The verdict on every test cell that ran, from its recordings: ``{grade_id: None or failure}``."""
+    verdicts: dict[str, CheckFailure | None] = {}
+    for index, cell in enumerate(executed.cells):  # the worker sealed each test cell's recordings by index
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in judging.plans.behaviours and cell.get("execution_count") is not None:
+            verdicts[grade_id] = split.judge_cell(judging.plans, grade_id, session, key, cell=index)
+    return verdicts
+
+
 def grade_one(
-    student: str, path: Path, master: nbformat.NotebookNode, source_dir: Path, root: Path, limits: Limits
+    student: str,
+    path: Path,
+    master: nbformat.NotebookNode,
+    source_dir: Path,
+    root: Path,
+    limits: Limits,
+    judging: Split | None = None,
 ) -> SubmissionResult:
-    """Grade one submission in a worker process; never raises for a broken submission."""
+    """Grade one submission in a worker process; never raises for a broken submission.
+
+    With ``judging`` (split mode) the kernel records and this process judges the recordings.
+    """
     start = time.monotonic()
     try:
         submission = nbformat.read(path, as_version=4)
@@ -158,9 +195,14 @@ def grade_one(
                 shutil.copy(extra, work)
         prepared_path, output_path = work / path.name, work / f"{path.stem}.executed.ipynb"
         nbformat.write(prepared, prepared_path)
-        # hidden tests import the reference package `solutions`: from the course directory when it holds
-        # it, otherwise from the installed project (a bare solutions/ folder would shadow that one)
-        importable = [str(root)] if (root / "solutions" / "__init__.py").is_file() else []
+        session, key = work / "session", secrets.token_bytes(32)
+        if judging is not None:
+            shutil.copytree(judging.inputs, session / "inputs")
+        # together, hidden tests import the reference package `solutions`: from the course directory when it
+        # holds it, otherwise from the installed project (a bare solutions/ folder would shadow that one);
+        # split, the kernel never needs it
+        has_solutions = (root / "solutions" / "__init__.py").is_file()
+        importable = [str(root)] if has_solutions and judging is None else []
         environment = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([*importable, *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -178,17 +220,19 @@ def grade_one(
             str(limits.cell_timeout),
             "--memory",
             str(limits.memory_mib),
+            *(["--session", str(session)] if judging is not None else []),
         ]
         process = subprocess.Popen(
             command,
             cwd=work,
             env=environment,
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
         status, message, stopped = "graded", "", None
         try:
-            _, stderr = process.communicate(timeout=limits.timeout)
+            _, stderr = process.communicate(input=key.hex().encode() + b"\n", timeout=limits.timeout)
         except subprocess.TimeoutExpired:
             _kill_tree(process.pid)
             process.communicate()
@@ -207,14 +251,22 @@ def grade_one(
                     f"the grading worker failed (exit {process.returncode}): {' / '.join(tail)}"
                 )
         executed = nbformat.read(output_path, as_version=4) if output_path.exists() else prepared
+        judged = _judge(judging, session, key, executed) if judging is not None else None
     restarts = executed.metadata.get("attention_grade", {}).get("restarts", [])
     if restarts and status == "graded":
         status = "graded after restarts"
         message = "a new kernel was started after " + ", ".join(
             f"cell {r['cell']} ({r['reason']})" for r in restarts
         )
-    cells = score(executed, master, stopped=stopped)
+    cells = score(executed, master, stopped=stopped, judged=judged)
     return SubmissionResult(student, str(path), status, time.monotonic() - start, cells, message)
+
+
+def reference_module(assignment: Assignment, root: Path) -> object:
+    """The reference module, from the course directory ``root`` when it holds ``solutions/``."""
+    if (root / "solutions" / "__init__.py").is_file() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(assignment.reference)
 
 
 def grade(
@@ -225,11 +277,27 @@ def grade(
     limits: Limits,
     jobs: int,
     console: Console | None = None,
+    mode: str = "split",
 ) -> list[SubmissionResult]:
-    """Grade ``submissions`` of ``assignment_id``, ``jobs`` at a time, with a progress bar."""
+    """Grade ``submissions`` of ``assignment_id``, ``jobs`` at a time, with a progress bar.
+
+    ``mode``: ``"split"`` (test cells judged in this process) or ``"together"`` (in the kernel, as nbgrader).
+    """
     assignment = ASSIGNMENTS[assignment_id]
     source = assignment.source(root)
     master = master_notebook(source)
+    with tempfile.TemporaryDirectory(prefix="grade-inputs-") as inputs:
+        judging = None
+        if mode == "split":
+            judging = Split(split.make_plans(assignment, reference_module(assignment, root)), Path(inputs))
+            split.write_inputs(judging.plans, judging.inputs)
+        return _grade_all(
+            assignment_id, submissions, master, source.parent, root, limits, jobs, console, judging
+        )
+
+
+def _grade_all(assignment_id, submissions, master, source_dir, root, limits, jobs, console, judging):
+    """Grade every submission on a pool of ``jobs`` threads, each driving one worker process."""
     console = console or Console(stderr=True)
     results: list[SubmissionResult] = []
     columns = (
@@ -242,7 +310,7 @@ def grade(
         task = progress.add_task(assignment_id, total=len(submissions))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = [
-                pool.submit(grade_one, student, path, master, source.parent, root, limits)
+                pool.submit(grade_one, student, path, master, source_dir, root, limits, judging)
                 for student, path in submissions.items()
             ]
             for future in futures:
@@ -251,12 +319,15 @@ def grade(
     return results
 
 
-def write_reports(results: list[SubmissionResult], assignment_id: str, out: Path, limits: Limits) -> None:
+def write_reports(
+    results: list[SubmissionResult], assignment_id: str, out: Path, limits: Limits, mode: str = "split"
+) -> None:
     """Write ``report.json`` (everything) and ``report.csv`` (a row per submission and grade cell)."""
     out.mkdir(parents=True, exist_ok=True)
     report = {
         "assignment": assignment_id,
         "graded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "mode": mode,
         "limits": limits.__dict__,
         "submissions": [result.as_dict() for result in results],
     }
@@ -318,6 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--memory", type=int, default=Limits.memory_mib, help="MiB of memory per submission (0: no limit)"
     )
+    parser.add_argument(
+        "--mode",
+        choices=("split", "together"),
+        default="split",
+        help="split (default): test cells judged in this process; together: in the kernel, as nbgrader",
+    )
     arguments = parser.parse_args(argv)
     console = Console()
     root = course_root(arguments.course)
@@ -329,9 +406,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no notebooks found")
     limits = Limits(arguments.cell_timeout, arguments.timeout, arguments.memory)
     started = time.monotonic()
-    results = grade(arguments.assignment, submissions, root=root, limits=limits, jobs=arguments.jobs)
+    results = grade(
+        arguments.assignment, submissions, root=root, limits=limits, jobs=arguments.jobs, mode=arguments.mode
+    )
     out = arguments.out or root / "grading-report" / arguments.assignment
-    write_reports(results, arguments.assignment, out, limits)
+    write_reports(results, arguments.assignment, out, limits, arguments.mode)
     summarise(results, console)
     elapsed = time.monotonic() - started
     console.print(

@@ -210,13 +210,18 @@ def _explain_name_error(message: str, executed: NotebookNode, master: NotebookNo
     return f"{message} (the cell that should define `{name}` does not define it)"
 
 
-def score(executed: NotebookNode, master: NotebookNode, *, stopped: str | None = None) -> list[CellResult]:
+def score(
+    executed: NotebookNode, master: NotebookNode, *, stopped: str | None = None, judged: dict | None = None
+) -> list[CellResult]:
     """Score every grade cell of an executed (maybe partly executed) submission, with nbgrader's rules.
 
     Args:
         executed: the prepared submission after execution.
         master: the master notebook (:func:`master_notebook`), for the list of grade cells.
         stopped: why execution stopped early, if it did (cells that did not run get 0 and this reason).
+        judged: split mode: the grader's verdict on each test cell that ran (``None`` when its recordings
+            pass, else the failure). A test cell then passes when it ran without error or stderr output, as
+            nbgrader requires, *and* its verdict passes; what its outputs show cannot earn points.
 
     Returns:
         One :class:`CellResult` per grade cell of the assignment, in the source notebook's order.
@@ -266,7 +271,15 @@ def score(executed: NotebookNode, master: NotebookNode, *, stopped: str | None =
             )
         else:
             status, message = "passed", ""
-        if status != "passed" and auto_score:
+        if judged is not None:  # split mode: the recordings decide, on top of a clean run
+            verdict = judged.get(grade_id, "the cell's check did not run")
+            if status == "passed" and verdict is not None:
+                status, message = (
+                    "failed",
+                    f"CheckFailure: {verdict}" if not isinstance(verdict, str) else verdict,
+                )
+            auto_score = max_points if status == "passed" else 0.0
+        elif status != "passed" and auto_score:
             status = "passed"  # a partial-credit output; nbgrader's rule wins
         results.append(CellResult(grade_id, kind, float(auto_score or 0.0), max_points, status, message))
     return results

@@ -3,21 +3,16 @@
 ``attention-grade`` writes, for every behaviour and part, the calls' arguments to ``inputs/<name>.<part>``
 (JSON, and the tensors in safetensors) and starts the kernel with :func:`start` as its first line, before
 any cell. A test cell's ``checks.sdpa_mask(fn)`` then does not judge: it reads its inputs, calls ``fn`` on
-each (:func:`~attention_course.checks.engine.execute`), and writes what came back to ``recordings/``, signed
-with HMAC-SHA256 under a key that :func:`start` read and deleted before any learner code ran. Each recording
-names the kernel's generation (the grader replaces a dead kernel) and the execution count of its cell.
-The grader reads them back (:mod:`attention_course.grading.split`): JSON and safetensors only, never a
-pickle, bounded, validated field by field, signatures checked. The format and the kernel's side live here
-together, so that what is written and what is read cannot drift apart.
-
-This is not a sandbox: code in the kernel can, with deliberate effort, read the key from the recorder's
-memory. The grader's sandbox bounds what such code can reach.
+each (:func:`~attention_course.checks.engine.execute`), and writes what came back to
+``recordings/incoming/``. The worker seals what a test cell wrote when the cell ends
+(:mod:`~attention_course.grading.seals`: the kernel holds no secret), and the grader reads it back
+(:mod:`attention_course.grading.split`): JSON and safetensors only, never a pickle, bounded, validated
+field by field. The format and the kernel's side live here together, so that they cannot drift apart.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import importlib.abc
 import json
 import sys
@@ -30,6 +25,7 @@ import torch
 
 from attention_course.checks import engine
 from attention_course.checks.engine import Call, Foreign, Outcome, Seeded, execute, inspect_learner
+from attention_course.grading.seals import MAX_BYTES, incoming
 
 FORMAT = 1
 MAX_ELEMENTS = 2**22  # elements of one recorded tensor; a larger one is recorded as its shape only
@@ -105,31 +101,23 @@ def device(name: Any) -> torch.device:
     return found
 
 
-def save(path: Path, content: dict[str, Any], tensors: dict[str, torch.Tensor], key: bytes | None) -> None:
-    """Write ``path.safetensors`` and ``path.json`` (a signature line, then the JSON); never overwrite."""
+def save(path: Path, content: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``path.safetensors`` and ``path.json`` (with the tensors' digest); never overwrite a file."""
     blob = safetensors.torch.save(tensors)
     body = json.dumps({**content, "tensors_sha256": hashlib.sha256(blob).hexdigest()}).encode()
-    signature = hmac.new(key, body, hashlib.sha256).hexdigest() if key else "unsigned"
-    for suffix, data in ((".safetensors", blob), (".json", signature.encode() + b"\n" + body)):
-        with open(f"{path}{suffix}", "xb") as handle:  # "x": a second recording for one name fails loudly
+    for suffix, data in ((".safetensors", blob), (".json", body)):
+        with open(f"{path}{suffix}", "xb") as handle:  # "x": a second recording of one part fails loudly
             handle.write(data)
 
 
-def load(path: Path, key: bytes | None, max_bytes: int = 64 * 2**20) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read what :func:`save` wrote, checking its size, its signature (unless ``key`` is None) and digest."""
+def load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read what :func:`save` wrote, checking its size and the tensors' digest (nothing is unpickled)."""
     files = [Path(f"{path}.json"), Path(f"{path}.safetensors")]
     if not all(file.is_file() for file in files):
         raise RecordingError("no recording was made")
-    if sum(file.stat().st_size for file in files) > max_bytes:
-        raise RecordingError(f"the recording is larger than {max_bytes // 2**20} MiB")
-    signature, _, body = files[0].read_bytes().partition(b"\n")
-    if key is not None and not hmac.compare_digest(
-        signature, hmac.new(key, body, "sha256").hexdigest().encode()
-    ):
-        raise RecordingError(
-            "the recording was not written by the course's recorder (its signature is wrong)"
-        )
-    blob = files[1].read_bytes()
+    if sum(file.stat().st_size for file in files) > MAX_BYTES:
+        raise RecordingError(f"the recording is larger than {MAX_BYTES // 2**20} MiB")
+    body, blob = files[0].read_bytes(), files[1].read_bytes()
     try:
         content, tensors = json.loads(body), safetensors.torch.load(blob)
     except (ValueError, safetensors.SafetensorError) as error:
@@ -151,13 +139,12 @@ def write_calls(folder: Path, name: str, calls: Sequence[Call]) -> None:
         folder / name,
         {"function": calls[0].function if calls else "", "calls": nodes, "names": names},
         tensors,
-        None,
     )
 
 
 def read_calls(folder: Path, name: str) -> list[Call]:
     """The calls written by :func:`write_calls` (the kernel; their labels, for messages, are left out)."""
-    content, tensors = load(folder / name, None)
+    content, tensors = load(folder / name)
     return [
         Call(
             content["function"],
@@ -179,12 +166,12 @@ class _NoSolutions(importlib.abc.MetaPathFinder):
 class Recorder:
     """Records the calls of the test cells of a kernel that ``attention-grade`` started."""
 
-    def __init__(self, folder: Path, key: bytes, generation: int) -> None:
-        self.folder, self._key, self.generation = folder, key, generation
+    def __init__(self, folder: Path, generation: int) -> None:
+        self.folder, self.generation = folder, generation
         self._busy, self._nested = False, False
 
     def record(self, behaviour: Any, hidden: bool, fn: Any) -> None:
-        """Call ``fn`` on the inputs of ``behaviour``'s part and write the signed recording."""
+        """Call ``fn`` on the inputs of ``behaviour``'s part; write what came back to the incoming folder."""
         part = "hidden" if hidden else "visible"
         if self._busy:  # a check called from inside the learner's function: the outer recording says so
             self._nested = True
@@ -199,43 +186,30 @@ class Recorder:
         finally:
             self._busy = False
         tensors: dict[str, torch.Tensor] = {}
-        count = _execution_count()
         content = {
             "format": FORMAT,
             "behaviour": behaviour.name,
             "part": part,
             "generation": self.generation,
-            "execution_count": count,
             "nested": self._nested,
             "learner": vars(learner),
             "outcomes": [encode_outcome(outcome, tensors) for outcome in outcomes],
         }
-        (self.folder / "recordings").mkdir(exist_ok=True)
-        stem = f"g{self.generation}-n{count}-{behaviour.name}-{part}"
-        save(self.folder / "recordings" / stem, content, tensors, self._key)
-
-
-def _execution_count() -> int:
-    """The execution count that the kernel reports for the running cell (its ``In [n]``)."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    return shell.execution_count - 1 if shell is not None else 0  # IPython counts the running cell already
+        incoming(self.folder).mkdir(parents=True, exist_ok=True)
+        save(incoming(self.folder) / f"{behaviour.name}-{part}", content, tensors)
 
 
 def start(folder: str, generation: int = 0) -> None:
     """Make this kernel record for the grader: the first line the kernel runs, before any cell.
 
-    Reads and deletes the key that signs recordings, refuses imports of the reference solutions, and
-    leaves ``started-<generation>``, by which the grader knows that recording is on.
+    Refuses imports of the reference solutions from now on, and leaves ``started-<generation>``, by which
+    the worker knows that recording is on.
     """
     session = Path(folder)
-    key = (session / "key").read_bytes()
-    (session / "key").unlink()
     sys.meta_path.insert(0, _NoSolutions())
     for name in [name for name in sys.modules if name == "solutions" or name.startswith("solutions.")]:
         del sys.modules[name]
-    engine.RECORDER[:] = [Recorder(session, key, generation)]
+    engine.RECORDER[:] = [Recorder(session, generation)]
     (session / f"started-{generation}").touch()
 
 

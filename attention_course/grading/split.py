@@ -3,8 +3,8 @@
 Before a submission's kernel starts, :func:`make_plans` builds every behaviour's checks (visible and
 hidden, with the reference) and :func:`write_inputs` writes their calls' arguments where the kernel reads
 them. After the kernel stops, :func:`judge_cell` reads what a test cell recorded (:func:`read_recording`:
-signed, bounded, validated, never unpickled) and runs the judges that a test cell runs in one process.
-Nothing here runs learner code.
+sealed by the worker, bounded, validated, never unpickled) and runs the judges that a test cell runs in
+one process. Nothing here runs learner code.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attention_course.checks.engine import Behaviour, Check, CheckFailure, Learner, Outcome
+from attention_course.grading import seals
 from attention_course.grading.recorder import FORMAT, RecordingError, decode_outcome, load, write_calls
 from attention_course.registry import Assignment
 
@@ -52,49 +53,43 @@ def write_inputs(plans: Plans, folder: Path, names: set[str] | None = None) -> N
 
 
 def read_recording(
-    session: Path, key: bytes, *, generation: int, execution_count: int, name: str, part: str
+    session: Path, key: bytes, *, cell: int, name: str, part: str
 ) -> tuple[Learner, list[Outcome]]:
-    """The learner's function and the outcomes that one test cell recorded for ``part``, verified.
+    """The learner's function and the outcomes that test cell ``cell`` recorded for ``part``, verified.
 
     Raises:
-        RecordingError: if the recording is missing, too large, not signed with ``key``, made by another
-            cell or kernel, made while a check ran inside the learner's function, or does not decode.
+        RecordingError: if the recording is missing, not sealed by the worker for this cell, too large,
+            made while a check ran inside the learner's function, or does not decode.
     """
-    stem = f"g{generation}-n{execution_count}-{name}-{part}"
-    content, tensors = load(session / "recordings" / stem, key)
-    expected = {"format": FORMAT, "behaviour": name, "part": part, "generation": generation}
-    if (
-        any(content.get(k) != v for k, v in expected.items())
-        or content.get("execution_count") != execution_count
-    ):
-        raise RecordingError("the recording was made for another cell")
+    stem = f"{cell}-{name}-{part}"
+    if seals.sealed(session, stem, key) is None:
+        made = (session / "recordings" / f"{stem}.json").is_file()
+        raise RecordingError(
+            "its seal is wrong: it was changed after the cell ran" if made else "no recording was made"
+        )
+    content, tensors = load(session / "recordings" / stem)
+    if any(content.get(k) != v for k, v in {"format": FORMAT, "behaviour": name, "part": part}.items()):
+        raise RecordingError("the recording was made for another check")
     if content.get("nested") is not False:
         raise RecordingError("a check was called from inside the learner's function while it was recorded")
     fields, outcomes = content.get("learner"), content.get("outcomes")
     if not isinstance(fields, dict) or not isinstance(outcomes, list):
         raise RecordingError("the recording has no valid learner or outcomes")
-    texts = {name: str(fields.get(name, ""))[:200] for name in ("shown", "module", "name", "fingerprint")}
-    learner = Learner(
-        **texts,
-        is_callable=fields.get("is_callable") is True,
-        has_source=fields.get("has_source") is not False,
-    )
+    texts = {field: str(fields.get(field, ""))[:200] for field in ("shown", "module", "name", "fingerprint")}
+    is_callable, has_source = fields.get("is_callable") is True, fields.get("has_source") is not False
+    learner = Learner(**texts, is_callable=is_callable, has_source=has_source)
     return learner, [decode_outcome(node, tensors) for node in outcomes]
 
 
-def judge_cell(
-    plans: Plans, name: str, session: Path, key: bytes, *, generation: int, execution_count: int
-) -> CheckFailure | None:
-    """The verdict on one test cell from its recordings: ``None`` if it passes, else the failure.
+def judge_cell(plans: Plans, name: str, session: Path, key: bytes, *, cell: int) -> CheckFailure | None:
+    """The verdict on test cell ``cell`` from its recordings: ``None`` if it passes, else the failure.
 
     The visible part is judged first, then the hidden part, as a test cell runs them.
     """
     behaviour = plans.behaviours[name]
     for part in PARTS:
         try:
-            learner, outcomes = read_recording(
-                session, key, generation=generation, execution_count=execution_count, name=name, part=part
-            )
+            learner, outcomes = read_recording(session, key, cell=cell, name=name, part=part)
         except RecordingError as error:
             return CheckFailure(f"the {part} part of {name} could not be judged: {error}.")
         try:

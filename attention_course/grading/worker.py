@@ -5,6 +5,12 @@
 before a crash or a time limit can still be graded. The settings are nbgrader's: errors do not stop
 execution, and a cell that runs past its time limit is interrupted and gets an error output.
 
+With ``--session FOLDER`` (split mode), the worker starts each kernel with the recorder
+(:func:`attention_course.grading.recorder.start`) as its first line, before any cell: test cells then record
+what the learner's functions return instead of judging it. The worker reads a key from its standard input
+(never the command line) and seals what each test cell recorded when it ends
+(:mod:`~attention_course.grading.seals`); the grader checks the seals and judges the recordings.
+
 Where nbgrader would give up on the whole submission, this worker recovers: when a cell kills its kernel
 (a crash, ``os._exit``) or cannot be interrupted (a loop that swallows ``KeyboardInterrupt``), the cell
 gets an error output, the kernel is replaced, the definitions that ran before are replayed, and execution
@@ -19,6 +25,7 @@ import argparse
 import copy
 import os
 import resource
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +33,8 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
+
+from attention_course.grading import seals
 
 #: what nbgrader records for a cell that times out (nbgrader.preprocessors.Execute.error_on_timeout)
 TIMEOUT_ERROR = {
@@ -75,12 +84,36 @@ def _replayable(cell: NotebookNode) -> bool:
     )
 
 
-def execute(prepared: Path, output: Path, cell_timeout: int, max_restarts: int = 3) -> int:
-    """Execute ``prepared`` in its own folder, writing progress to ``output``; return the exit status."""
+def _recorder_arguments(session: Path | None, generation: int) -> list[str]:
+    """Kernel arguments that start the recorder before any cell (split mode)."""
+    if session is None:
+        return []
+    recorder = "__import__('attention_course.grading.recorder', fromlist=['start'])"
+    return [f"--IPKernelApp.exec_lines={recorder}.start({str(session)!r}, {generation})"]
+
+
+def execute(
+    prepared: Path,
+    output: Path,
+    cell_timeout: int,
+    max_restarts: int = 3,
+    session: Path | None = None,
+    key: bytes = b"",
+) -> int:
+    """Execute ``prepared`` in its own folder, writing progress to ``output``; return the exit status.
+
+    With ``session``, every kernel records for the grader (split mode), and ``key`` seals the recordings.
+    """
     notebook = nbformat.read(prepared, as_version=4)
     replaying = [False]
 
+    def on_cell_start(cell: NotebookNode, cell_index: int) -> None:
+        if session is not None:
+            seals.clear(session)  # only what a test cell writes while it runs is sealed
+
     def on_cell_executed(cell: NotebookNode, cell_index: int, execute_reply: dict[str, Any]) -> None:
+        if session is not None and not replaying[0] and _is_graded(cell):
+            seals.seal(session, cell_index, key)
         if replaying[0]:
             return
         _record_reply_error(cell, execute_reply)
@@ -100,14 +133,20 @@ def execute(prepared: Path, output: Path, cell_timeout: int, max_restarts: int =
             raise_on_iopub_timeout=True,
             shutdown_kernel="immediate",
             kernel_name=notebook.metadata.get("kernelspec", {}).get("name", "python3"),
-            extra_arguments=["--HistoryManager.hist_file=:memory:"],
+            extra_arguments=[
+                "--HistoryManager.hist_file=:memory:",
+                *_recorder_arguments(session, len(restarts)),
+            ],
             resources={"metadata": {"path": str(prepared.parent)}},
+            on_cell_start=on_cell_start,
             on_cell_executed=on_cell_executed,
         )
         stopped: tuple[int, Exception] | None = None
         with client.setup_kernel():
             assert client.kc is not None
             client.wait_for_reply(client.kc.kernel_info())
+            if session is not None and not (session / f"started-{len(restarts)}").exists():
+                raise RuntimeError("the recorder did not start in the kernel: split mode is off")
             # a new kernel after a recovery: replay the definitions that ran before, keeping their outputs
             replaying[0] = True
             for index in (i for i in range(start) if _replayable(notebook.cells[i])):
@@ -162,12 +201,15 @@ def main() -> int:
     parser.add_argument(
         "--memory", type=int, default=0, help="MiB of data memory for this process and its kernel"
     )
+    parser.add_argument("--session", type=Path, default=None, help="split mode: the recorder's folder")
     arguments = parser.parse_args()
     if arguments.memory > 0:  # RLIMIT_DATA: allocations beyond it fail (MemoryError) instead of swapping;
         limit = arguments.memory * 2**20  # the kernel inherits it. Address-space reservations do not count.
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     prepared, output = arguments.prepared.resolve(), arguments.output.resolve()
-    return execute(prepared, output, arguments.cell_timeout, arguments.max_restarts)
+    session = arguments.session.resolve() if arguments.session else None
+    key = bytes.fromhex(sys.stdin.readline().strip()) if session else b""  # never on the command line
+    return execute(prepared, output, arguments.cell_timeout, arguments.max_restarts, session, key)
 
 
 if __name__ == "__main__":
