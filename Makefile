@@ -4,6 +4,8 @@
 #   make release   regenerate the student notebooks in exercises/ from solutions/ (nbgrader)
 #   make grade     grade a folder of submissions: make grade ASSIGNMENT=ex02_scaled_dot_product SUBMISSIONS=submitted
 #   make lint      ruff check and format check
+#   make notebooks regenerate the chapters' notebooks chapters/*.ipynb (for Colab and Binder) from the .md
+#   make chromium  install Debian's chromium for the browser tests, if missing (needs root and apt-get)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
@@ -16,7 +18,7 @@ TORCH_INDEX ?=
 ASSIGNMENT ?= ex02_scaled_dot_product
 SUBMISSIONS ?= submitted
 
-.PHONY: book test release grade lint clean
+.PHONY: book test release grade lint clean notebooks chromium
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +30,7 @@ book: $(VENV)/.installed
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The book is in _build/html: open _build/html/index.html in a browser."
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed chromium
 	$(BIN)/python -m pytest
 
 release: $(VENV)/.installed
@@ -36,6 +38,16 @@ release: $(VENV)/.installed
 
 grade: $(VENV)/.installed
 	$(BIN)/attention-grade $(ASSIGNMENT) $(SUBMISSIONS)
+
+notebooks: $(VENV)/.installed
+	$(BIN)/jupytext --update --to ipynb chapters/*.md
+
+# Without root or apt-get the browser tests are skipped (they say why); a failed install stops here.
+chromium:
+	@if test -x /usr/bin/chromium; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else echo "chromium is missing and needs root and apt-get to install: the browser tests will be skipped"; fi
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

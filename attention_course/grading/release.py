@@ -66,6 +66,7 @@ def render_test_cell(behaviour: Any) -> str:
     return "\n".join(
         [
             f'"""{behaviour.description} ({points})"""',
+            "",
             f"checks.{behaviour.name}({behaviour.function})",
             HIDDEN_BEGIN,
             f"checks.{behaviour.name}.hidden({behaviour.function})",

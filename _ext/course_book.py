@@ -1,0 +1,111 @@
+"""Sphinx additions for the course's book (loaded through ``sphinx: local_extensions`` in _config.yml).
+
+- One citation style throughout: author and year, in the text as "(Vaswani et al., 2017)" or
+  "Vaswani et al. (2017)", and as the label of each entry of the bibliography.
+- Alt text for every figure that a cell draws: a code cell's metadata ``alt`` holds one text, or a list
+  with one text per image the cell outputs, in order (myst-nb's own ``mystnb: image: alt:`` gives all
+  the images of a cell the same text, which does not describe a figure of several panels).
+- Each inline script once per page: Sphinx 7.4 adds an inline script that an extension registers after
+  the builder has started twice (once from the registry with ``filename=''``, once directly with
+  ``filename=None``), so every page declared ``const THEBE_JS_URL`` twice and the browser logged
+  "Identifier 'THEBE_JS_URL' has already been declared".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sphinxcontrib.bibtex.plugin
+from docutils import nodes
+from pybtex.plugin import register_plugin
+from pybtex.richtext import Text
+from pybtex.style.formatting.plain import Style as PlainStyle
+from pybtex.style.labels import BaseLabelStyle
+from sphinx.util import logging
+from sphinxcontrib.bibtex.style.referencing import BracketStyle
+from sphinxcontrib.bibtex.style.referencing.author_year import AuthorYearReferenceStyle
+
+logger = logging.getLogger(__name__)
+
+
+def _round() -> BracketStyle:
+    return BracketStyle(left="(", right=")")
+
+
+@dataclass
+class RoundAuthorYearReferenceStyle(AuthorYearReferenceStyle):
+    """Author-year citations in round brackets: "(Vaswani et al., 2017)", "Vaswani et al. (2017)"."""
+
+    bracket_parenthetical: BracketStyle = field(default_factory=_round)
+    bracket_textual: BracketStyle = field(default_factory=_round)
+    bracket_author: BracketStyle = field(default_factory=_round)
+    bracket_label: BracketStyle = field(default_factory=_round)
+    bracket_year: BracketStyle = field(default_factory=_round)
+
+
+class AuthorYearLabelStyle(BaseLabelStyle):
+    """Bibliography labels that read like the citations in the text: "Vaswani et al., 2017"."""
+
+    def format_labels(self, sorted_entries):
+        for entry in sorted_entries:
+            yield self.format_label(entry)
+
+    @staticmethod
+    def format_label(entry) -> str:
+        people = entry.persons.get("author") or entry.persons.get("editor") or []
+        surnames = [Text.from_latex(" ".join(person.last_names)).render_as("text") for person in people]
+        if not surnames:
+            author = entry.fields.get("title", entry.key)
+        elif len(surnames) == 1:
+            author = surnames[0]
+        elif len(surnames) == 2:
+            author = f"{surnames[0]} and {surnames[1]}"
+        else:
+            author = f"{surnames[0]} et al."
+        return f"{author}, {entry.fields.get('year', 'n.d.')}"
+
+
+class AuthorYearStyle(PlainStyle):
+    """pybtex's plain style (sorted by author, year, title) with author-year labels."""
+
+    default_label_style = "course_author_year"
+
+
+def _figure_alt_texts(app, doctree) -> None:
+    """Give the images of each code cell's outputs the alt texts of the cell's ``alt`` metadata."""
+    for cell in doctree.findall(nodes.container):
+        if cell.get("nb_element") != "cell_code" or "alt" not in cell.get("cell_metadata", {}):
+            continue
+        alt = cell["cell_metadata"]["alt"]
+        images = list(cell.findall(nodes.image))
+        texts = [alt] * len(images) if isinstance(alt, str) else list(alt)
+        if len(texts) != len(images):
+            logger.warning(
+                f"cell {cell.get('cell_index')}: {len(texts)} alt texts for {len(images)} images",
+                location=cell,
+            )
+            continue
+        for image, text in zip(images, texts, strict=True):
+            image["alt"] = text
+
+
+def _unique_scripts(app, pagename, templatename, context, doctree) -> None:
+    """Drop the second copy of an inline script (see the module docstring)."""
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        key = (script.filename or "", tuple(sorted(script.attributes.items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"] = unique
+
+
+def setup(app):
+    register_plugin("pybtex.style.labels", "course_author_year", AuthorYearLabelStyle)
+    register_plugin("pybtex.style.formatting", "course_author_year", AuthorYearStyle)
+    sphinxcontrib.bibtex.plugin.register_plugin(
+        "sphinxcontrib.bibtex.style.referencing", "course_author_year", RoundAuthorYearReferenceStyle
+    )
+    app.connect("doctree-read", _figure_alt_texts)
+    app.connect("html-page-context", _unique_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

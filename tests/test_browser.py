@@ -1,0 +1,350 @@
+"""The book as readers see it: every page opened in a real browser, Debian's Chromium, headless.
+
+The session's one build of the book (the fixture ``built_book``) is served on 127.0.0.1 and every page is
+opened once, measured as a desktop shows it (1280 px wide), then resized and measured as a phone shows
+it (390 px). That single pass collects what the tests below check, one property each, over all pages:
+console errors, requests leaving the machine, raw TeX, images, links and anchors, code cut off, pages
+that scroll sideways, figures shrunk past legibility, alt texts, and answers shown before an exercise.
+
+Playwright drives the browser that Debian packages (``executable_path``); it never downloads one. Where
+that browser is missing and cannot be installed (no root, no apt-get), the tests are skipped and say so;
+where it could be installed (`make chromium`), they fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from playwright.sync_api import Browser, sync_playwright
+
+from tests.conftest import ROOT, BookBuild
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
+# A figure is drawn at 100 dpi with 10-point text (14 px); shown at these fractions of its natural size
+# or more, its smallest text stays at about 10 px on a desktop and 8 px on a phone.
+LEGIBLE_SCALE = {"desktop": 0.72, "phone": 0.58}
+SOLUTION_MARKERS = (
+    "BEGIN SOLUTION",
+    "END SOLUTION",
+    "BEGIN HIDDEN TESTS",
+    "END HIDDEN TESTS",
+    "from solutions",
+)
+
+
+def page_function(name: str) -> str:
+    """A JavaScript function from tests/browser/, without its leading comment (Playwright then calls it)."""
+    source = (Path(__file__).parent / "browser" / name).read_text()
+    return "".join(line for line in source.splitlines(keepends=True) if not line.startswith("//"))
+
+
+# one measures a page (after waiting for the maths and the images); the other finds where a chapter
+# defines the functions that an exercise asks for
+MEASURE = page_function("measure.js")
+DEFINITIONS = page_function("definitions.js")
+
+
+@dataclass
+class Visit:
+    """What one page showed: measured at desktop and at phone width, and what it logged and requested."""
+
+    page: str
+    desktop: dict = field(default_factory=dict)
+    phone: dict = field(default_factory=dict)
+    definitions: list[dict] = field(default_factory=list)
+    console_errors: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    external_requests: list[str] = field(default_factory=list)
+
+
+def chromium() -> Path:
+    """Debian's chromium; skip where it cannot be installed, fail where it could have been."""
+    if CHROMIUM.is_file():
+        return CHROMIUM
+    root = getattr(os, "geteuid", lambda: -1)() == 0
+    if root and shutil.which("apt-get"):
+        pytest.fail(f"{CHROMIUM} is missing, and this machine can install it: run `make chromium`")
+    pytest.skip(
+        f"Debian's chromium is not at {CHROMIUM} and cannot be installed here "
+        "(installing it needs root and apt-get); set CHROMIUM to another Chromium to run these tests"
+    )
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def html(built_book: BookBuild) -> Path:
+    return built_book.require()
+
+
+@pytest.fixture(scope="module")
+def site(html: Path) -> Iterator[str]:
+    """The built book served over HTTP on 127.0.0.1 (a free port), as a reader's browser gets it."""
+    handler = functools.partial(_QuietHandler, directory=str(html))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        server.shutdown()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    executable = chromium()
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=str(executable),
+            args=[
+                "--no-sandbox",  # CI runs as root
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        yield launched
+        launched.close()
+
+
+def book_pages(html: Path) -> list[str]:
+    """Every page of the book, as paths relative to its root; not the theme's or Sphinx's own files, nor
+    index.html, which only redirects to the first page (see test_the_front_page_leads_to_the_introduction).
+    """
+    return sorted(
+        path.relative_to(html).as_posix()
+        for path in html.rglob("*.html")
+        if not path.relative_to(html).parts[0].startswith("_")
+        and path.relative_to(html).as_posix() != "index.html"
+    )
+
+
+class Reader:
+    """One browser tab that opens pages one after another and records, for the page it is on, the console
+    errors, the requests that failed and the requests that tried to leave the machine (they are blocked).
+    """
+
+    def __init__(self, browser: Browser, site: str):
+        self.site, self.visit = site, Visit("")
+        self.context = browser.new_context(viewport=DESKTOP)
+        # every page as a first-time reader sees it: nothing remembered from the pages before
+        self.context.add_init_script("try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}")
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda error: self.visit.console_errors.append(f"uncaught: {error}"))
+        self.page.on("requestfailed", self._request_failed)
+        self.page.on("response", self._response)
+
+    def _route(self, route) -> None:
+        url = route.request.url
+        if url.startswith(self.site) or url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:  # nothing may leave the machine
+            self.visit.external_requests.append(url)
+            route.abort()
+
+    def _console(self, message) -> None:
+        if message.type == "error":
+            self.visit.console_errors.append(message.text)
+
+    def _request_failed(self, request) -> None:
+        self.visit.failed_requests.append(f"{request.url} ({request.failure})")
+
+    def _response(self, response) -> None:
+        if response.status >= 400:
+            self.visit.failed_requests.append(f"{response.url} (HTTP {response.status})")
+
+    def open(self, path: str) -> Visit:
+        """Load a page at desktop size; what it logs and requests from now on goes to the returned Visit."""
+        self.visit = Visit(path)
+        self.page.set_viewport_size(DESKTOP)
+        self.page.goto(self.site + path, wait_until="load")
+        return self.visit
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture(scope="module")
+def reader(browser: Browser, site: str) -> Iterator[Reader]:
+    opened = Reader(browser, site)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(scope="module")
+def visits(reader: Reader, html: Path) -> dict[str, Visit]:
+    """Every page, measured at desktop width, then at phone width (the same page, resized); on the
+    chapters, also where they define the functions that their exercise asks for."""
+    measured = {}
+    for path in book_pages(html):
+        visit = reader.open(path)
+        visit.desktop = reader.page.evaluate(MEASURE, False)
+        if path.startswith("chapters/"):
+            visit.definitions = reader.page.evaluate(DEFINITIONS, exercise_functions(Path(path).name[:2]))
+        reader.page.set_viewport_size(PHONE)
+        reader.page.wait_for_timeout(50)  # let the layout settle
+        visit.phone = reader.page.evaluate(MEASURE, True)
+        measured[path] = visit
+    return measured
+
+
+def failures(visits: dict[str, Visit], check) -> dict[str, object]:
+    """The pages for which ``check(visit)`` found something, with what it found."""
+    found = {path: check(visit) for path, visit in visits.items()}
+    return {path: what for path, what in found.items() if what}
+
+
+def test_every_page_of_the_book_is_visited(visits):
+    pages = set(visits)
+    for expected in (
+        "intro.html",
+        "how_to_use.html",
+        "chapters/02_scaled_dot_product.html",
+        "exercises/ex03_masks/ex03_masks.html",
+        "instructors/index.html",
+        "glossary.html",
+        "search.html",
+    ):
+        assert expected in pages
+
+
+def test_the_front_page_leads_to_the_introduction(reader):
+    visit = reader.open("")
+    reader.page.wait_for_url("**/intro.html")
+    assert visit.console_errors == [] and visit.external_requests == [] and visit.failed_requests == []
+
+
+def test_no_console_error(visits):
+    assert failures(visits, lambda visit: visit.console_errors) == {}
+
+
+def test_no_request_leaves_the_machine(visits):
+    assert failures(visits, lambda visit: visit.external_requests) == {}
+
+
+def test_every_resource_loads(visits):
+    assert failures(visits, lambda visit: visit.failed_requests) == {}
+
+
+def test_no_raw_tex_or_myst_left(visits):
+    assert failures(visits, lambda visit: visit.desktop["rawTex"]) == {}
+
+
+def test_every_image_loads(visits):
+    broken = failures(
+        visits, lambda visit: [img["src"] for img in visit.desktop["images"] if not img["loaded"]]
+    )
+    assert broken == {}
+
+
+def test_figures_have_alt_text(visits):
+    def unhelpful(visit):
+        return [
+            figure["src"]
+            for figure in visit.desktop["figures"]
+            if len(figure["alt"]) < 20 or re.search(r"\.(png|svg|jpe?g)$|_images/", figure["alt"])
+        ]
+
+    assert failures(visits, unhelpful) == {}
+
+
+def test_every_internal_link_and_anchor_resolves(visits, site, html):
+    ids = {path: set(visit.desktop["ids"]) for path, visit in visits.items()}
+    broken = {}
+    for path, visit in visits.items():
+        for link in visit.desktop["links"]:
+            if not link.startswith(site):
+                continue  # external: the launch-button test checks those that matter
+            target, _, fragment = link[len(site) :].partition("#")
+            target = unquote(urlsplit(target).path) or "index.html"
+            if target.endswith("/"):
+                target += "index.html"
+            if not (html / target).is_file():
+                broken.setdefault(path, []).append(link)
+            elif fragment and target in ids and unquote(fragment) not in ids[target]:
+                broken.setdefault(path, []).append(link)
+    assert broken == {}
+
+
+def test_search_finds_softmax(reader):
+    visit = reader.open("search.html?q=softmax")
+    reader.page.wait_for_selector("#search-results ul.search li", timeout=30_000)
+    results = reader.page.eval_on_selector_all(
+        "#search-results ul.search li a", "links => [...links].map(a => a.href)"
+    )
+    assert any("chapters/02_scaled_dot_product.html" in result for result in results), results
+    assert visit.console_errors == [] and visit.external_requests == []
+
+
+def test_exercise_pages_hold_no_solution_and_no_hidden_test(visits):
+    exercises = {path: visit for path, visit in visits.items() if path.startswith("exercises/")}
+    assert len(exercises) == 3
+    for path, visit in exercises.items():
+        text = visit.desktop["text"]
+        assert "raise NotImplementedError()" in text, path  # the student release, not the source
+        for marker in SOLUTION_MARKERS:
+            assert marker not in text, (path, marker)
+
+
+def test_no_page_scrolls_sideways_on_a_phone(visits):
+    def sideways(visit):
+        phone = visit.phone
+        return phone["sticking"] or (phone["scrollWidth"] > phone["viewport"] and phone["scrollWidth"])
+
+    assert failures(visits, sideways) == {}
+
+
+def test_no_code_is_cut_off_on_a_desktop(visits):
+    assert failures(visits, lambda visit: visit.desktop["cutCode"]) == {}
+
+
+@pytest.mark.parametrize("screen", ["desktop", "phone"])
+def test_figures_are_shown_at_a_legible_size(visits, screen):
+    def shrunk(visit):
+        figures = getattr(visit, screen)["figures"]
+        return [f"{f['src']}: {f['scale']:.2f}" for f in figures if f["scale"] < LEGIBLE_SCALE[screen]]
+
+    assert failures(visits, shrunk) == {}
+
+
+def exercise_functions(number: str) -> list[str]:
+    """The functions that exercise ``number`` asks for: those defined in its solution cells."""
+    (release,) = ROOT.glob(f"exercises/ex{number}_*/ex{number}_*.ipynb")
+    cells = json.loads(release.read_text())["cells"]
+    sources = [
+        "".join(cell["source"]) for cell in cells if cell["metadata"].get("nbgrader", {}).get("solution")
+    ]
+    return sorted({name for source in sources for name in re.findall(r"^def (\w+)\(", source, re.MULTILINE)})
+
+
+@pytest.mark.parametrize("chapter", ["01_soft_lookup", "02_scaled_dot_product", "03_masks"])
+def test_chapters_fold_the_functions_an_exercise_asks_for(visits, chapter):
+    """A chapter shows the key lines of what its exercise asks for; a whole function appears only folded
+    away (hidden until the reader opens it), after a link to the exercise."""
+    assert exercise_functions(chapter[:2]), f"exercise {chapter[:2]} asks for no function?"
+    definitions = visits[f"chapters/{chapter}.html"].definitions
+    assert definitions, "the chapter shows none of the functions: where did the folded versions go?"
+    for definition in definitions:
+        assert not definition["shown"], definition  # not visible before the reader opens it
+        assert definition["folded"] and definition["afterExerciseLink"], definition
