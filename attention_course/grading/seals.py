@@ -9,7 +9,8 @@ recording made by one cell cannot pass for another's. This module imports nothin
 worker uses it between cells.
 
 What a seal cannot tell apart is a recording that code running *during* the test cell replaces before the
-cell ends (a background thread racing the recorder): the grader's sandbox bounds what such code can do.
+cell ends (a background thread racing the recorder); the worker's time and memory limits bound such code,
+no sandbox confines it yet.
 """
 
 from __future__ import annotations
