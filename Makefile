@@ -31,7 +31,7 @@ book: $(VENV)/.installed
 	@echo "The book is in _build/html: open _build/html/index.html in a browser."
 
 test: $(VENV)/.installed chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadgroup
 
 release: $(VENV)/.installed
 	PATH="$(BIN):$$PATH" $(BIN)/attention-release

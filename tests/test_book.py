@@ -11,7 +11,8 @@ from nbclient import NotebookClient
 
 from tests.conftest import ROOT, BookBuild
 
-pytestmark = pytest.mark.slow
+# one xdist worker builds the book for every test that reads it (make test runs with --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))
 
 

@@ -30,7 +30,8 @@ from playwright.sync_api import Browser, sync_playwright
 
 from tests.conftest import ROOT, BookBuild
 
-pytestmark = pytest.mark.slow
+# one xdist worker builds the book for every test that reads it (make test runs with --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 DESKTOP = {"width": 1280, "height": 900}

@@ -119,7 +119,8 @@ def submissions(exercise: Exercise) -> list[Submission]:
     return result
 
 
-@pytest.fixture(scope="module", params=PRESENT)
+# each assignment's round trip runs once, on one xdist worker (make test runs with --dist loadgroup)
+@pytest.fixture(scope="module", params=[pytest.param(a, marks=pytest.mark.xdist_group(a)) for a in PRESENT])
 def round_trip(request, tmp_path_factory):
     """Grade the submissions of one assignment with nbgrader and with attention-grade."""
     assignment = request.param

@@ -29,6 +29,8 @@ from packaging.requirements import Requirement
 
 from tests.conftest import ROOT, BookBuild
 
+# one xdist worker builds the book for every test that reads it (make test runs with --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("book")
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 REPOSITORY = CONFIG["repository"]["url"]  # https://github.com/<org>/<repo>, a placeholder until published
 BRANCH = CONFIG["repository"]["branch"]

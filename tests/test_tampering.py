@@ -18,7 +18,8 @@ from tests.banks import _bank, tampering
 from tests.banks.tampering import TAMPERS, Tamper
 from tests.notebook_tools import ROOT, fill_solutions, load_exercise, points_by_running, reference_sources
 
-pytestmark = pytest.mark.slow
+# the tests of one module fixture run on one xdist worker (make test runs with --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tampering")]
 ASSIGNMENT = "ex02_scaled_dot_product"
 EXERCISE = load_exercise(ASSIGNMENT)
 VARIANTS = {candidate.id: candidate.source for candidate in _bank.wrong(EXERCISE.bank)}
