@@ -8,7 +8,8 @@ that scroll sideways, figures shrunk past legibility, alt texts, and answers sho
 
 Playwright drives the browser that Debian packages (``executable_path``); it never downloads one. Where
 that browser is missing and cannot be installed (no root, no apt-get), the tests are skipped and say so;
-where it could be installed (`make chromium`), they fail.
+where it could be installed (`make chromium`), they fail. With ``BOOK_SCREENSHOTS=<folder>`` the pass
+also saves a full-page screenshot of every page at both widths there.
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ class Reader:
 
     def open(self, path: str) -> Visit:
         """Load a page at desktop size; what it logs and requests from now on goes to the returned Visit."""
+        if self.visit.page:  # let the last page's requests end there, not be aborted and counted here
+            self.page.wait_for_load_state("networkidle")
         self.visit = Visit(path)
         self.page.set_viewport_size(DESKTOP)
         self.page.goto(self.site + path, wait_until="load")
@@ -197,15 +200,20 @@ def reader(browser: Browser, site: str) -> Iterator[Reader]:
 def visits(reader: Reader, html: Path) -> dict[str, Visit]:
     """Every page, measured at desktop width, then at phone width (the same page, resized); on the
     chapters, also where they define the functions that their exercise asks for."""
-    measured = {}
+    measured, shots = {}, os.environ.get("BOOK_SCREENSHOTS")  # a folder: keep a screenshot of each page
     for path in book_pages(html):
         visit = reader.open(path)
         visit.desktop = reader.page.evaluate(MEASURE, False)
+        shot = Path(shots or ".", path.replace("/", "-").removesuffix(".html"))
+        if shots:
+            reader.page.screenshot(path=f"{shot}-desktop.png", full_page=True)
         if path.startswith("chapters/"):
             visit.definitions = reader.page.evaluate(DEFINITIONS, exercise_functions(Path(path).name[:2]))
         reader.page.set_viewport_size(PHONE)
         reader.page.wait_for_timeout(50)  # let the layout settle
         visit.phone = reader.page.evaluate(MEASURE, True)
+        if shots:
+            reader.page.screenshot(path=f"{shot}-phone.png", full_page=True)
         measured[path] = visit
     return measured
 

@@ -94,7 +94,10 @@ def test_chapter_starts_with_the_set_up_cell_hidden_from_the_book(chapter: Path)
 def test_exercise_starts_with_the_set_up_cell(exercise: Path):
     """Depends on the exercise notebooks: their first code cell must be the set-up cell (before the
     imports of `attention_course`), or the exercise fails at its first import on Colab."""
-    assert first_code_cell(nbformat.read(exercise, as_version=4)) == SETUP_CELL
+    notebook = nbformat.read(exercise, as_version=4)
+    assert first_code_cell(notebook) == SETUP_CELL
+    first = next(cell for cell in notebook.cells if cell.cell_type == "code")
+    assert first.metadata.get("tags") == ["remove-cell"]  # in the notebook, not on the book's page
 
 
 def test_set_up_cell_does_nothing_where_the_course_is_installed(monkeypatch):
