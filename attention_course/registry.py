@@ -85,6 +85,20 @@ ASSIGNMENTS: dict[str, Assignment] = {
             checks="attention_course.checks.ex03",
             bank="tests.banks.ex03",
         ),
+        Assignment(
+            "ex04_multi_head",
+            "Multi-head attention",
+            reference="solutions.multi_head",
+            checks="attention_course.checks.ex04",
+            bank="tests.banks.ex04",
+        ),
+        Assignment(
+            "ex05_grouped_query",
+            "Sharing keys and values: MQA and GQA",
+            reference="solutions.grouped_query",
+            checks="attention_course.checks.ex05",
+            bank="tests.banks.ex05",
+        ),
     )
 }
 

@@ -88,7 +88,8 @@ def _is(cell: NotebookNode, flag: str) -> bool:
 
 
 def defined_functions(source: str) -> list[str]:
-    return [node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)]
+    tree = ast.parse(source)
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)]
 
 
 def load_exercise(assignment_id: str) -> Exercise:
@@ -154,8 +155,19 @@ def reference_as_learner_code(exercise: Exercise) -> dict[str, Callable]:
 
 
 def implementation(exercise: Exercise, candidate: _bank.Implementation) -> Callable:
-    """A bank implementation compiled as learner code, on its own after the setup cell."""
-    return notebook_functions(exercise, {candidate.function: candidate.source})[candidate.function]
+    """A bank implementation compiled as learner code after the setup cell, with the reference (as learner
+    code) of the exercise's other classes and functions that it names: ``gqa_from_mha`` builds a
+    ``GroupedQueryAttention``."""
+    code = compile(candidate.source, "<candidate>", "exec")
+    names = {
+        name for c in (code, *(k for k in code.co_consts if hasattr(k, "co_names"))) for name in c.co_names
+    }
+    needed = {
+        name: source
+        for name, source in reference_sources(exercise).items()
+        if name in names and name != candidate.function and inspect.isclass(getattr(exercise.reference, name))
+    }
+    return notebook_functions(exercise, {**needed, candidate.function: candidate.source})[candidate.function]
 
 
 def run_cell(exercise: Exercise, code: str, implementations: dict[str, Callable]) -> None:

@@ -177,10 +177,13 @@ class Learner:
 
 
 def inspect_learner(fn: Any) -> Learner:
-    """Describe the learner's function ``fn`` (in the learner's process)."""
-    code = getattr(fn, "__code__", None)
+    """Describe the learner's function or class ``fn`` (in the learner's process)."""
+    # a class's source is found through its module's file, which a notebook's cells do not have: its methods'
+    sources = (
+        [f for f in vars(fn).values() if isinstance(f, types.FunctionType)] if inspect.isclass(fn) else [fn]
+    )
     try:
-        has_source = bool(inspect.getsource(fn))
+        has_source = bool(sources) and all(inspect.getsource(f) for f in sources)
     except (OSError, TypeError):
         has_source = False
     return Learner(
@@ -188,9 +191,44 @@ def inspect_learner(fn: Any) -> Learner:
         callable(fn),
         str(getattr(fn, "__module__", "") or ""),
         str(getattr(fn, "__name__", "") or ""),
-        fingerprint(code) if isinstance(code, types.CodeType) else "",
+        object_fingerprint(fn),
         has_source,
     )
+
+
+def object_fingerprint(fn: Any) -> str:
+    """The :func:`fingerprint` of a function, or of a class's methods (sorted by name); "" for others."""
+    code = getattr(fn, "__code__", None)
+    if isinstance(code, types.CodeType):
+        return fingerprint(code)
+    if not inspect.isclass(fn):
+        return ""
+    methods = sorted((name, f) for name, f in vars(fn).items() if isinstance(f, types.FunctionType))
+    if not methods:
+        return ""
+    return hashlib.sha256("".join(name + fingerprint(f.__code__) for name, f in methods).encode()).hexdigest()
+
+
+def _namespace(fn: Any) -> dict[str, Any] | None:
+    """The globals of the learner's code: a function's, or those of a class's methods."""
+    if hasattr(fn, "__globals__"):
+        return fn.__globals__
+    found = (f for f in vars(fn).values() if isinstance(f, types.FunctionType)) if inspect.isclass(fn) else ()
+    return next((f.__globals__ for f in found), None)
+
+
+@dataclass(frozen=True)
+class Driver:
+    """How a behaviour calls a learner's class, or a function that takes objects which are not data.
+
+    ``prepare(**arguments)`` turns a call's arguments into the keyword arguments of ``run`` (it may build a
+    module from recorded weights) and is not observed; ``run(fn, **prepared)`` then calls the learner's ``fn``
+    (construct, load, forward) and is observed, its own frames left out. Both are course code, defined in a
+    checks module, and run in the learner's process (the kernel, under ``attention-grade``).
+    """
+
+    run: Callable[..., Any]
+    prepare: Callable[..., dict[str, Any]] | None = None
 
 
 def fingerprint(code: types.CodeType) -> str:
@@ -210,8 +248,11 @@ def fingerprint(code: types.CodeType) -> str:
     return digest.hexdigest()
 
 
-def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
+def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | None = None) -> Outcome:
     """Call ``fn`` on copies of ``call``'s arguments and note what happened (in the learner's process).
+
+    With a ``driver``, ``driver.run(fn, **driver.prepare(**arguments))`` is called instead (see
+    :class:`Driver`).
 
     :func:`sys.setprofile` sees Python functions on entry and C functions (``torch.softmax``, SDPA) when
     called, so that neither an alias nor a helper hides a built-in; the learner's own functions (its globals)
@@ -219,8 +260,12 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
     global generators are seeded with ``seed`` and restored, so that the outcome never depends on what ran
     before. ``BaseException`` s (a time limit's ``KeyboardInterrupt``) are not caught.
     """
-    owner = getattr(fn, "__globals__", None)
+    owner = _namespace(fn)
     args, kwargs = call.copies()
+    passed = dict(zip(call.arguments, args, strict=True)) if call.positional else kwargs
+    course = (
+        driver.run.__globals__ if driver is not None else None
+    )  # the driver's frames are not the learner's
     seen: dict[tuple[str, str], None] = {}
     listening = [True]  # off before the profiler is restored, so that the engine's own calls are left out
     importing = [0]  # an import runs module code (class bodies, registrations) that is not the learner's
@@ -230,7 +275,7 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
             importing[0] += 1 if event == "call" else -1
         if not listening[0] or importing[0]:
             return
-        if event == "call" and frame.f_globals is not owner:
+        if event == "call" and frame.f_globals is not owner and frame.f_globals is not course:
             seen[(str(frame.f_globals.get("__name__", "")), frame.f_code.co_name)] = None
         elif event == "c_call":
             module, name = str(getattr(arg, "__module__", "") or ""), str(getattr(arg, "__name__", ""))
@@ -243,13 +288,18 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
     with warnings.catch_warnings(record=True) as caught, torch.random.fork_rng(devices=devices):
         warnings.simplefilter("always")
         torch.manual_seed(seed)
+        if driver is not None:
+            prepared = driver.prepare(**kwargs) if driver.prepare else kwargs
+            target = functools.partial(driver.run, fn, **prepared)
+        else:
+            target = functools.partial(fn, *args, **kwargs)
         previous = _GETPROFILE()
         _SETPROFILE(profile)
         try:
             len(())  # the canary
             canary = ("builtins", "len") in seen
             seen.clear()
-            value = fn(*args, **kwargs)
+            value = target()
         except Exception as exception:  # the learner's code may raise anything
             error = exception
         finally:
@@ -259,7 +309,6 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
     messages = tuple(dict.fromkeys(str(w.message) for w in caught))
     for message in messages:
         print(f"note: {call.function} emitted a warning: {message}")  # stdout: a warning is not a failure
-    passed = dict(zip(call.arguments, args, strict=True)) if call.positional else kwargs
     return Outcome(
         value,
         type(error).__name__ if error is not None else "",
@@ -277,7 +326,12 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0) -> Outcome:
 
 def is_answer_module(module: str) -> bool:
     """Whether ``module`` holds answers: the reference solutions, or a library module they re-export."""
-    return any(module == answer or module.startswith(answer + ".") for answer in registry.answer_modules())
+    return any(module == answer or module.startswith(answer + ".") for answer in _answer_modules())
+
+
+@functools.cache
+def _answer_modules() -> tuple[str, ...]:
+    return registry.answer_modules()  # asked once per observed call: derive it once
 
 
 @functools.cache
@@ -290,15 +344,16 @@ def answer_fingerprints() -> dict[str, str]:
         except ImportError:  # the reference solutions are only where grading happens
             continue
         for function in vars(module).values():
-            if inspect.isfunction(function) and function.__module__ == name:
-                found[fingerprint(function.__code__)] = f"{name}.{function.__name__}"
+            if (inspect.isfunction(function) or inspect.isclass(function)) and function.__module__ == name:
+                if code := object_fingerprint(function):
+                    found[code] = f"{name}.{function.__name__}"
     return found
 
 
 def judge_learner(learner: Learner, name: str) -> None:
     """Fail if the learner's function is not a function, or is the course's own answer."""
     if not learner.is_callable:
-        fail(f"{name} is not a function (got {learner.shown}): run the cell that defines it.")
+        fail(f"{name} is not a function or a class (got {learner.shown}): run the cell that defines it.")
     if is_answer_module(learner.module):
         fail(
             f"{name} is the course's own {learner.module}.{learner.name or name}, imported rather than "
@@ -537,8 +592,10 @@ class Behaviour:
     the plan function; ``hints`` are likely causes of the function's exceptions, tried before the general.
     """
 
-    def __init__(self, plan: Plan, *, function: str, points: float, hints: Hints = ()) -> None:
-        self.plan, self.function, self.points, self.hints = plan, function, points, hints
+    def __init__(
+        self, plan: Plan, *, function: str, points: float, hints: Hints = (), driver: Driver | None = None
+    ) -> None:
+        self.plan, self.function, self.points, self.hints, self.driver = plan, function, points, hints, driver
         self.name, self.module = plan.__name__, plan.__module__
         self.description = " ".join((inspect.getdoc(plan) or "").split("\n\n")[0].split())
 
@@ -573,7 +630,7 @@ class Behaviour:
         judge_learner(inspect_learner(fn), self.function)
         seed = 0
         for check in self.checks(self.part(hidden=hidden, reference=reference)):  # the first failure stops
-            outcomes = [execute(fn, call, seed + index) for index, call in enumerate(check.calls)]
+            outcomes = [execute(fn, call, seed + i, self.driver) for i, call in enumerate(check.calls)]
             seed += len(check.calls)
             check.verdict(outcomes, self.hints)
 
@@ -588,9 +645,15 @@ class Behaviour:
             start += len(check.calls)
 
 
-def behaviour(*, function: str, points: float, hints: Hints = ()) -> Callable[[Plan], Behaviour]:
-    """Decorator: the plan function ``plan(part) -> Iterator[Check]`` becomes a :class:`Behaviour`."""
-    return lambda plan: Behaviour(plan, function=function, points=points, hints=hints)
+def behaviour(
+    *, function: str, points: float, hints: Hints = (), driver: Driver | None = None
+) -> Callable[[Plan], Behaviour]:
+    """Decorator: the plan function ``plan(part) -> Iterator[Check]`` becomes a :class:`Behaviour`.
+
+    ``function`` names the learner's function or class; a class, or a function that takes objects that are
+    not data (modules), is called through a :class:`Driver`.
+    """
+    return lambda plan: Behaviour(plan, function=function, points=points, hints=hints, driver=driver)
 
 
 # --- comparing

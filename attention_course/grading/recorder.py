@@ -181,7 +181,9 @@ class Recorder:
             calls = read_calls(self.folder / "inputs", f"{behaviour.name}.{part}")
             learner = inspect_learner(fn)
             outcomes = (
-                [execute(fn, call, seed) for seed, call in enumerate(calls)] if learner.is_callable else []
+                [execute(fn, call, seed, behaviour.driver) for seed, call in enumerate(calls)]
+                if learner.is_callable
+                else []
             )
         finally:
             self._busy = False

@@ -37,27 +37,40 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
+def _docstring_end(definition: ast.FunctionDef | ast.ClassDef) -> int | None:
+    """The 1-based line where the docstring of ``definition`` ends, or None if it has none."""
+    first = definition.body[0] if definition.body else None
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        return first.end_lineno
+    return None
+
+
 def render_solution(function: object) -> str:
     """The source of a solution cell for ``function``: signature and docstring, then the marked body.
 
+    A class keeps its header, its docstring and each method's signature and docstring; each method's body is
+    a solution region (the release's stub of ``__init__`` raises ``NotImplementedError``, so that the blank
+    class fails as a blank function does).
+
     Raises:
-        ValueError: if ``function`` has no docstring (the learner's task is stated there).
+        ValueError: if ``function`` (or a class) has no docstring (the learner's task is stated there).
     """
     source = textwrap.dedent(inspect.getsource(function))  # type: ignore[arg-type]
     definition = ast.parse(source).body[0]
-    if not (
-        isinstance(definition, ast.FunctionDef)
-        and definition.body
-        and isinstance(definition.body[0], ast.Expr)
-        and isinstance(definition.body[0].value, ast.Constant)
-        and isinstance(definition.body[0].value.value, str)
-    ):
+    if not isinstance(definition, ast.FunctionDef | ast.ClassDef) or _docstring_end(definition) is None:
         raise ValueError(f"{function!r} needs a docstring: it is the learner's statement of the task")
     lines = source.rstrip().splitlines()
-    docstring_end = definition.body[0].end_lineno  # 1-based line of the docstring's last line
-    assert docstring_end is not None
-    header, body = lines[:docstring_end], lines[docstring_end:]
-    return "\n".join([*header, f"    {BEGIN}", *body, f"    {END}"])
+    methods = [definition] if isinstance(definition, ast.FunctionDef) else definition.body
+    for method in reversed([node for node in methods if isinstance(node, ast.FunctionDef)]):
+        start = _docstring_end(method) or method.body[0].lineno - 1  # lines[:start] stay
+        indent = " " * method.body[0].col_offset
+        end = method.end_lineno or start
+        lines[start:end] = [f"{indent}{BEGIN}", *lines[start:end], f"{indent}{END}"]
+    return "\n".join(lines)
 
 
 def render_test_cell(behaviour: Any) -> str:
@@ -65,7 +78,7 @@ def render_test_cell(behaviour: Any) -> str:
     points = f"{behaviour.points:g} point{'' if behaviour.points == 1 else 's'}"
     return "\n".join(
         [
-            f'"""{behaviour.description} ({points})"""',
+            textwrap.fill(f'"""{behaviour.description} ({points})"""', width=110),  # ruff's line length
             "",
             f"checks.{behaviour.name}({behaviour.function})",
             HIDDEN_BEGIN,
@@ -80,7 +93,7 @@ def _defined_function(cell_source: str) -> str | None:
         tree = ast.parse(cell_source)
     except SyntaxError:
         return None
-    names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)]
     return names[0] if len(names) == 1 else None
 
 
@@ -124,7 +137,7 @@ def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.Notebo
         if name is None or not hasattr(module, name):
             raise ValueError(
                 f"solution cell {metadata.get('grade_id')!r} of {assignment.id} must define exactly one "
-                f"function of {assignment.reference}"
+                f"function or class of {assignment.reference}"
             )
         rendered = render_solution(getattr(module, name))
         if cell.source != rendered:

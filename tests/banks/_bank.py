@@ -3,8 +3,10 @@
 A wrong implementation that differs from a correct one by a line or two is a :class:`Row`: a ``find`` that
 must occur exactly once in the function's base source, its ``replace``, and what each test cell must say.
 A mistake of another structure is a whole function, named ``<function>__<variant>``, with its
-expectations in ``WHOLE``. ``expected`` lists *exactly* the test cells that reject the implementation,
-with a fragment of each one's message: every other cell of the function must accept it.
+expectations in ``WHOLE``; a class is a whole source in ``CLASSES`` (``{variant: (source, expected)}``), a
+right one in ``RIGHT_CLASSES`` (``{variant: source}``). ``expected`` lists *exactly* the test cells that
+reject the implementation, with a fragment of each one's message: every other cell of the function must accept
+it.
 """
 
 from __future__ import annotations
@@ -69,10 +71,22 @@ def wrong(bank: ModuleType) -> list[Implementation]:
         )
         for row in bank.ROWS
     ]
-    return from_rows + [whole(function, expected) for function, expected in bank.WHOLE.items()]
+    classes = [
+        Implementation(_class_name(source), variant, source, expected)
+        for variant, (source, expected) in getattr(bank, "CLASSES", {}).items()
+    ]
+    return from_rows + [whole(function, expected) for function, expected in bank.WHOLE.items()] + classes
 
 
 def right(bank: ModuleType) -> list[Implementation]:
     """The base implementations and the other correct ones of ``bank``."""
     bases = [Implementation(name, "base", source) for name, source in bank.BASES.items()]
-    return bases + [whole(function) for function in bank.RIGHT]
+    classes = [
+        Implementation(_class_name(source), variant, source)
+        for variant, source in getattr(bank, "RIGHT_CLASSES", {}).items()
+    ]
+    return bases + [whole(function) for function in bank.RIGHT] + classes
+
+
+def _class_name(source: str) -> str:
+    return source.split("class ", 1)[1].split("(", 1)[0].split(":", 1)[0].strip()

@@ -1,0 +1,597 @@
+"""Checks of exercise ex04: heads split and merged, the multi-head module, its entropy and its size.
+
+The module is judged against ``nn.MultiheadAttention`` given the same weights (the learner's
+``load_torch_weights`` copies them), in float64, with every size different and ``q_len != k_len``. Its
+known mistakes are rows (:class:`Heads`) of one parametrised computation, :func:`forward`, that also runs
+the attention family's core mistakes inside each head.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention_course.checks import attention_family as family
+from attention_course.checks import engine
+from attention_course.checks.attention_family import QKV, Variant
+from attention_course.checks.engine import (
+    Call,
+    Check,
+    Driver,
+    Mistake,
+    Part,
+    assert_shape,
+    assert_values,
+    behaviour,
+    fail,
+    randn,
+)
+
+HINTS = family.exception_hints("""
+view size is not compatible | contiguous: after transpose() a tensor is not contiguous, and view() cannot
+    regroup its axes: use reshape(), or .contiguous().view()
+shape '[ | is invalid for input of size: the sizes given to view()/reshape() do not multiply to the
+    tensor's size: split d_model into (n_heads, d_head) with d_head = d_model // n_heads
+load_torch_weights: write the method load_torch_weights(self, torch_mha) that copies the weights of
+    nn.MultiheadAttention into your module and returns it
+in_proj_weight | out_proj: nn.MultiheadAttention keeps W_q, W_k, W_v stacked in in_proj_weight [3 d_model,
+    d_model] (with in_proj_bias) and W_O in out_proj (a Linear): see the task
+""")
+TEXT = engine.table("""
+split no transpose: the heads are split with view(batch, n_heads, len, d_head) and no transpose: head i then
+    takes whole positions instead of features i*d_head..(i+1)*d_head-1 of each position; view as [batch, len,
+    n_heads, d_head], then transpose(1, 2)
+split strided: head i takes every n_heads-th feature (view [batch, len, d_head, n_heads]); it must take the
+    block of features i*d_head..(i+1)*d_head-1: view as [batch, len, n_heads, d_head], then transpose(1, 2)
+merge no transpose: the heads are merged with reshape(batch, len, d_model) and no transpose back: move the
+    head axis next to d_head first, x.transpose(1, 2), then reshape
+merge strided: the merged features are interleaved across heads: transpose(1, 2) to [batch, len, n_heads,
+    d_head], then reshape to [batch, len, n_heads * d_head] (head 0's features first)
+no output projection: the output projection W_O is missing: the concatenated heads go through w_o
+scale d_model: the scores are divided by sqrt(d_model); each head's scale is 1/sqrt(d_head), the width of its
+    own queries and keys (d_head = d_model // n_heads)
+rule: The course's rule (chapter 3): a query whose mask row allows no key gets zero weights, so its
+    attention is zero and the output there is w_o's bias alone.
+mask 3d: a [batch, q_len, k_len] mask must get an axis for the heads, mask.unsqueeze(1), so that it
+    broadcasts over the scores [batch, n_heads, q_len, k_len]; without it the batch axis meets the heads
+""")
+SHAPES = engine.table("""
+output batch n_heads q_len d_head: the heads are not merged: merge them back to [batch, q_len, d_model] and
+    apply w_o
+output batch q_len d_head: only one head is returned: merge all the heads, then apply w_o
+weights batch q_len k_len: the weights are averaged over heads: return every head's, [batch, n_heads, q_len,
+    k_len] (nn.MultiheadAttention's average_attn_weights=False)
+weights bh q_len k_len: the heads are folded into the batch axis: return [batch, n_heads, q_len, k_len]
+weights batch n_heads k_len q_len: the weights are [..., k_len, q_len]: the scores are q @ k^T
+split batch n_heads len d_head: expected [batch, n_heads, len, d_head]
+split batch len n_heads d_head: the head axis must come before the positions: transpose(1, 2) after view()
+split n_heads batch len d_head: the batch axis must stay first: [batch, n_heads, len, d_head]
+merge batch n_heads len d_head: the heads are not merged
+merge batch len n_heads d_head: the last two axes must be merged into one: reshape to [batch, len, n_heads *
+    d_head]
+entropy batch n_heads q_len k_len: the entropy is a sum over the keys (dim=-1), one number per query
+entropy batch n_heads k_len: the sum runs over the queries (dim=-2); each query's distribution is a row, the
+    last axis
+entropy batch n_heads: the entropy is one number per query: sum over the keys only, not over the queries
+""")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes of one multi-head call (every one different from the others within a case)."""
+
+    batch: int
+    q_len: int
+    k_len: int
+    d_model: int
+    n_heads: int
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+
+VISIBLE = Sizes(2, 5, 7, 12, 3)  # d_head 4
+HIDDEN = (Sizes(3, 4, 6, 20, 5), Sizes(1, 6, 3, 8, 2), Sizes(2, 3, 5, 16, 4))
+
+
+def _hints(sizes: Sizes, kind: str) -> dict[tuple[int, ...], str]:
+    axes = {f: getattr(sizes, f) for f in ("batch", "q_len", "k_len", "d_model", "n_heads", "d_head")}
+    axes["bh"], axes["len"] = sizes.batch * sizes.n_heads, sizes.q_len
+    return engine.shapes(SHAPES, kind, **axes)
+
+
+# --- the inputs: nn.MultiheadAttention's weights as data, and the driver that loads them
+
+
+def torch_weights(sizes: Sizes, *, bias: bool, seed: int, device, dtype=torch.float64) -> dict[str, Any]:
+    """Weights of ``nn.MultiheadAttention(d_model, n_heads)``, drawn with a scale of 1/sqrt(d_model)."""
+    d, scale = sizes.d_model, 1 / math.sqrt(sizes.d_model)
+    draw = lambda shape, s: randn(shape, seed=seed + s, device=device, dtype=dtype) * scale  # noqa: E731
+    return {
+        "in_proj_weight": draw((3 * d, d), 0),
+        "in_proj_bias": draw((3 * d,), 1) if bias else None,
+        "out_proj_weight": draw((d, d), 2),
+        "out_proj_bias": draw((d,), 3) if bias else None,
+    }
+
+
+def build_torch_mha(arguments: dict[str, Any]) -> nn.MultiheadAttention:
+    """``nn.MultiheadAttention(batch_first=True)`` with the weights of ``arguments``."""
+    weight, bias = arguments["in_proj_weight"], arguments["in_proj_bias"]
+    mha = nn.MultiheadAttention(
+        arguments["d_model"],
+        arguments["n_heads"],
+        bias=bias is not None,
+        batch_first=True,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(weight)
+        mha.out_proj.weight.copy_(arguments["out_proj_weight"])
+        if bias is not None:
+            mha.in_proj_bias.copy_(bias)
+            mha.out_proj.bias.copy_(arguments["out_proj_bias"])
+    return mha
+
+
+WEIGHT_NAMES = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias")
+
+
+def _prepare(**arguments: Any) -> dict[str, Any]:
+    torch_mha = build_torch_mha(arguments) if "in_proj_weight" in arguments else None
+    rest = {name: value for name, value in arguments.items() if name not in WEIGHT_NAMES}
+    return {**rest, "torch_mha": torch_mha}
+
+
+def _module(cls: Any, d_model: int, n_heads: int, bias: bool, torch_mha: Any, like: torch.Tensor) -> Any:
+    module = cls(d_model, n_heads, bias=bias).to(dtype=like.dtype, device=like.device)
+    if torch_mha is not None:
+        module.load_torch_weights(torch_mha)
+    return module
+
+
+def _forward(cls: Any, *, d_model, n_heads, bias=True, torch_mha=None, query, key, value, mask=None) -> Any:
+    """Construct the learner's module, load the weights, and call it (the kernel)."""
+    module = _module(cls, d_model, n_heads, bias, torch_mha, query)
+    return module(query, key, value, mask)
+
+
+def _gradients(cls: Any, *, d_model, n_heads, bias, torch_mha, query, key, value, mask, probe) -> Any:
+    """The gradients of ``(output * probe).sum()``: of the inputs, and of every parameter (the kernel)."""
+    module = _module(cls, d_model, n_heads, bias, torch_mha, query)
+    inputs = [x.requires_grad_() for x in (query, key, value)]
+    output = module(*inputs, mask)
+    output = output[0] if isinstance(output, tuple | list) else output
+    (output * probe).sum().backward()
+    parameters = [(name, p.numel(), p.grad) for name, p in module.named_parameters()]
+    return tuple(x.grad for x in inputs), parameters
+
+
+def _parameters(cls: Any, *, d_model, n_heads, bias) -> Any:
+    return sum(p.numel() for p in cls(d_model, n_heads, bias=bias).parameters())
+
+
+FORWARD = Driver(_forward, _prepare)
+GRADIENTS = Driver(_gradients, _prepare)
+PARAMETERS = Driver(_parameters)
+
+
+# --- the computation, and its known mistakes as rows
+
+
+@dataclass(frozen=True)
+class Heads:
+    """A way of computing multi-head attention: the right one, or a known mistake (its ``hint``)."""
+
+    hint: str = ""
+    split: str = "right"  # "no transpose", "strided"
+    merge: str = "right"  # "no transpose", "strided"
+    out_proj: bool = True
+    mask3: str = "unsqueeze"  # "as heads": a [batch, q_len, k_len] mask broadcast against the head axis
+    core: Variant = Variant()  # noqa: RUF009 (frozen): the attention core of each head
+
+
+def forward(arguments: dict[str, Any], row: Heads = Heads()) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output, weights)`` of multi-head attention as ``row`` computes it, in float64 (check code)."""
+    a = family.cast(arguments, torch.float64)
+    d_model, n_heads = a["d_model"], a["n_heads"]
+    d_head = d_model // n_heads
+    biases = a["in_proj_bias"].chunk(3) if a["in_proj_bias"] is not None else (None,) * 3
+    projected = [
+        F.linear(a[name], weight, bias)
+        for name, weight, bias in zip(
+            ("query", "key", "value"), a["in_proj_weight"].chunk(3), biases, strict=True
+        )
+    ]
+
+    def split(x: torch.Tensor) -> torch.Tensor:  # [batch, len, d_model] -> [batch, n_heads, len, d_head]
+        batch, length, _ = x.shape
+        if row.split == "no transpose":
+            return x.reshape(batch, n_heads, length, d_head)
+        if row.split == "strided":
+            return x.reshape(batch, length, d_head, n_heads).permute(0, 3, 1, 2)
+        return x.reshape(batch, length, n_heads, d_head).transpose(1, 2)
+
+    q, k, v = map(split, projected)
+    mask = a.get("mask")
+    if mask is not None and mask.dim() == 3:
+        if row.mask3 == "as heads" and mask.size(0) not in (1, n_heads):
+            raise ValueError("this mistake raises for these sizes")
+        mask = mask.unsqueeze(1) if row.mask3 == "unsqueeze" else mask
+    weights = family.weights(QKV(q, k, v, mask, d_model), row.core)  # [batch, n_heads, q_len, k_len]
+    heads = weights @ v  # [batch, n_heads, q_len, d_head]
+    batch, _, q_len, _ = heads.shape
+    if row.merge == "no transpose":
+        merged = heads.reshape(batch, q_len, d_model)
+    elif row.merge == "strided":
+        merged = heads.permute(0, 2, 3, 1).reshape(batch, q_len, d_model)
+    else:
+        merged = heads.transpose(1, 2).reshape(batch, q_len, d_model)
+    output = F.linear(merged, a["out_proj_weight"], a["out_proj_bias"]) if row.out_proj else merged
+    return output, weights
+
+
+ROWS = (
+    Heads(TEXT["split no transpose"], split="no transpose"),
+    Heads(TEXT["split strided"], split="strided"),
+    Heads(TEXT["merge no transpose"], merge="no transpose"),
+    Heads(TEXT["merge strided"], merge="strided"),
+    Heads(TEXT["no output projection"], out_proj=False),
+    Heads(TEXT["scale d_model"], core=Variant(divide="sqrt(d_model)")),
+    Heads(TEXT["mask 3d"], mask3="as heads"),
+    *(Heads(variant.hint, core=variant) for variant in family.CORE if variant.divide != "sqrt(d_model)"),
+)
+
+
+def mistakes(arguments: dict[str, Any], index: int) -> Iterator[Mistake]:
+    """The output (``index`` 0) or the weights (1) of each known mistake on ``arguments``."""
+    for row in ROWS:
+        if arguments.get("mask") is None and (row.core.mask != "masked" or row.mask3 != "unsqueeze"):
+            continue
+        try:
+            yield Mistake(row.hint, forward(arguments, row)[index])
+        except (ValueError, RuntimeError):  # a mistake that raises for these sizes
+            continue
+
+
+def torch_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nn.MultiheadAttention``'s output and every head's weights, in float64, the mask converted."""
+    wide = family.cast(arguments, torch.float64)
+    mha, mask = build_torch_mha(wide), wide.get("mask")
+    sizes = (wide["query"].size(0), wide["n_heads"], wide["query"].size(1), wide["key"].size(1))
+    blocked = None
+    if mask is not None:  # the course's True = may attend; nn.MultiheadAttention's True = blocked
+        mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
+        blocked = ~mask.expand(sizes).reshape(sizes[0] * sizes[1], *sizes[2:])  # [batch * n_heads, q, k]
+    with torch.no_grad():
+        output, weights = mha(
+            wide["query"], wide["key"], wide["value"], attn_mask=blocked, average_attn_weights=False
+        )
+    return output, weights
+
+
+# --- checks of the module
+
+
+def inputs(sizes: Sizes, *, seed: int, device, dtype=torch.float64, bias=True, mask=None) -> dict[str, Any]:
+    """The arguments of one call: sizes, weights, query/key/value ``[batch, len, d_model]``, ``mask``."""
+    shapes = {"query": sizes.q_len, "key": sizes.k_len, "value": sizes.k_len}
+    tensors = {
+        name: randn((sizes.batch, length, sizes.d_model), seed=seed + i, device=device, dtype=dtype)
+        for i, (name, length) in enumerate(shapes.items())
+    }
+    weights = torch_weights(sizes, bias=bias, seed=seed + 10, device=device, dtype=dtype)
+    return {
+        "d_model": sizes.d_model,
+        "n_heads": sizes.n_heads,
+        "bias": bias,
+        **weights,
+        **tensors,
+        "mask": mask,
+    }
+
+
+def masks(sizes: Sizes, seed: int, device) -> list[torch.Tensor | None]:
+    """No mask, one ``[q_len, k_len]``, one per sequence ``[batch, q_len, k_len]``, a padding mask."""
+    q, k, b = sizes.q_len, sizes.k_len, sizes.batch
+    return [
+        None,
+        family.mask((q, k), seed=seed, device=device),
+        family.mask((b, q, k), seed=seed + 1, device=device),
+        family.mask((b, 1, 1, k), seed=seed + 2, device=device),
+    ]
+
+
+def _pair(result: Any, call: Call, sizes: Sizes) -> tuple[Any, Any]:
+    output, weights = family.pair(result, call)
+    shapes = {
+        "output": (sizes.batch, sizes.q_len, sizes.d_model),
+        "weights": (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len),
+    }
+    for which, actual in (("output", output), ("weights", weights)):
+        assert_shape(actual, f"the {which} of {call}", shapes[which], _hints(sizes, which))
+    return output, weights
+
+
+def module_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=torch_answer, note="") -> Check:
+    """One call of the module, judged on its shapes, then on its values against ``answer``."""
+    call = part.call(**arguments)
+    dtype = arguments["query"].dtype
+
+    def judge(result: Any) -> None:
+        output, weights = _pair(result, call, sizes)
+        expected = answer(arguments)
+        for which, actual, index in (("weights", weights, 1), ("output", output, 0)):
+            assert_values(
+                actual,
+                expected[index],
+                f"the {which} of {call}",
+                dtype=dtype,
+                mistakes=lambda index=index: mistakes(arguments, index),
+                note=note,
+            )
+
+    return Check(call, judge, on_raise=TEXT["mask 3d"] if _is_3d(arguments.get("mask")) else "")
+
+
+def _is_3d(mask: Any) -> bool:
+    return isinstance(mask, torch.Tensor) and mask.dim() == 3
+
+
+def _formula(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward(arguments)
+
+
+# --- the behaviours, in the notebook's order
+
+
+@behaviour(function="split_heads", points=1, hints=HINTS)
+def split_heads_layout(part: Part) -> Iterator[Check]:
+    """split_heads gives [batch, n_heads, len, d_head], head i holding features i*d_head..(i+1)*d_head-1."""
+    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    for index, sizes in enumerate(cases):
+        for dtype in (torch.float32,) if not part.hidden else (torch.float64, torch.float16):
+            x = randn(
+                (sizes.batch, sizes.q_len, sizes.d_model), seed=40 + index, device=part.device, dtype=dtype
+            )
+            yield _split_check(part, x, sizes)
+
+
+def _split_check(part: Part, x: torch.Tensor, sizes: Sizes) -> Check:
+    call = part.call(x=x, n_heads=sizes.n_heads)
+    b, length, h, dh = sizes.batch, sizes.q_len, sizes.n_heads, sizes.d_head
+    right = x.view(b, length, h, dh).transpose(1, 2)
+
+    def wrong() -> Iterator[Mistake]:
+        yield Mistake(TEXT["split no transpose"], x.reshape(b, h, length, dh))
+        yield Mistake(TEXT["split strided"], x.reshape(b, length, dh, h).permute(0, 3, 1, 2))
+
+    def judge(result: Any) -> None:
+        hints = engine.shapes(SHAPES, "split", batch=b, len=length, n_heads=h, d_head=dh)
+        assert_values(result, right, f"the result of {call}", mistakes=wrong, hints=hints)
+
+    return Check(call, judge, untouched=True)
+
+
+@behaviour(function="merge_heads", points=1, hints=HINTS)
+def merge_heads_inverse(part: Part) -> Iterator[Check]:
+    """merge_heads undoes split_heads: [batch, n_heads, len, d_head] -> [batch, len, n_heads * d_head]."""
+    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    for index, sizes in enumerate(cases):
+        b, length, h, dh = sizes.batch, sizes.q_len, sizes.n_heads, sizes.d_head
+        for dtype in (torch.float32,) if not part.hidden else (torch.float64, torch.float16):
+            merged = randn((b, length, h * dh), seed=50 + index, device=part.device, dtype=dtype)
+            x = merged.view(b, length, h, dh).transpose(1, 2)  # as split_heads makes it: not contiguous
+            call = part.call(x=x)
+
+            def wrong(x=x, b=b, length=length) -> Iterator[Mistake]:
+                yield Mistake(TEXT["merge no transpose"], x.reshape(b, length, -1))
+                yield Mistake(TEXT["merge strided"], x.permute(0, 2, 3, 1).reshape(b, length, -1))
+
+            def judge(result: Any, merged=merged, call=call, wrong=wrong, sizes=(b, length, h, dh)) -> None:
+                b, length, h, dh = sizes
+                hints = engine.shapes(SHAPES, "merge", batch=b, len=length, n_heads=h, d_head=dh)
+                assert_values(result, merged, f"the result of {call}", mistakes=wrong, hints=hints)
+
+            yield Check(call, judge, untouched=True)
+
+
+@behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=FORWARD)
+def mha_shapes(part: Part) -> Iterator[Check]:
+    """The module returns (output [batch, q_len, d_model], weights [batch, n_heads, q_len, k_len]); each
+    query's weights sum to 1."""
+    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    for index, sizes in enumerate(cases):
+        arguments = inputs(sizes, seed=60 + 10 * index, device=part.device, dtype=torch.float32)
+        arguments = {name: arguments[name] for name in ("d_model", "n_heads", "query", "key", "value")}
+        call = part.call(**arguments)
+
+        def judge(result: Any, call=call, sizes=sizes) -> None:
+            _, weights = _pair(result, call, sizes)
+            sums = weights.detach().double().sum(-1)
+            if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
+                fail(
+                    f"the weights of {call} do not sum to 1 over the keys (one sums to "
+                    f"{sums.flatten()[0]:.3g}).",
+                    "the softmax runs over another axis than the keys (dim=-1)",
+                )
+
+        yield Check(call, judge)
+
+
+@behaviour(function="MultiHeadAttention", points=3, hints=HINTS, driver=FORWARD)
+def mha_matches_torch(part: Part) -> Iterator[Check]:
+    """Given nn.MultiheadAttention's weights (load_torch_weights), the module computes what it computes, with
+    and without biases and masks of each shape (True = may attend)."""
+    cases = (
+        ((VISIBLE, torch.float64),)
+        if not part.hidden
+        else [(s, d) for s in HIDDEN for d in (torch.float64, torch.float32)]
+    )
+    for index, (sizes, dtype) in enumerate(cases):
+        for number, mask in enumerate(masks(sizes, 70 + 10 * index, part.device)):
+            bias = number != 1
+            arguments = inputs(
+                sizes, seed=70 + 10 * index, device=part.device, dtype=dtype, bias=bias, mask=mask
+            )
+            yield module_check(part, arguments, sizes)
+
+
+@behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=FORWARD)
+def mha_empty_rows(part: Part) -> Iterator[Check]:
+    """A query whose mask allows no key gets zero weights and a zero attention (chapter 3's rule); the other
+    rows are unchanged."""
+    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    for index, sizes in enumerate(cases):
+        mask = family.mask(
+            (sizes.batch, sizes.q_len, sizes.k_len), seed=90 + index, device=part.device, kind="empty rows"
+        )
+        arguments = inputs(sizes, seed=90 + 10 * index, device=part.device, mask=mask)
+        yield module_check(part, arguments, sizes, _formula, note=TEXT["rule"])
+
+
+@behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=GRADIENTS)
+def mha_gradients(part: Part) -> Iterator[Check]:
+    """Gradients flow to the query, key and value as through nn.MultiheadAttention, and to every parameter;
+    the module has 4 d_model^2 + 4 d_model parameters."""
+    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    for index, sizes in enumerate(cases):
+        mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
+        mask[0, ..., -1] = False  # padding: the first sequence is one key shorter (every row keeps 2 or more)
+        arguments = inputs(sizes, seed=100 + 10 * index, device=part.device, mask=mask)
+        probe = randn((sizes.batch, sizes.q_len, sizes.d_model), seed=109 + index, device=part.device)
+        yield _gradient_check(part, {**arguments, "probe": probe}, sizes)
+
+
+def _gradient_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Check:
+    call = part.call(**arguments)
+
+    def judge(result: Any) -> None:
+        if not isinstance(result, tuple) or len(result) != 2:
+            fail(f"{call} returned no gradients.", "the module's forward does not return (output, weights)")
+        grads, parameters = result
+        names = ("query", "key", "value")
+        leaves = {name: arguments[name].detach().double().requires_grad_() for name in names}
+        output, _ = build_torch_mha(family.cast(arguments, torch.float64))(
+            *leaves.values(), need_weights=False, attn_mask=_blocked(arguments, sizes)
+        )
+        (output * arguments["probe"].double()).sum().backward()
+        for name, grad in zip(names, grads, strict=True):
+            if not isinstance(grad, torch.Tensor):
+                fail(
+                    f"no gradient reaches the {name} through {call}.",
+                    "the computation leaves autograd: .detach(), .data, torch.no_grad(), .numpy() or .item()",
+                )
+            assert_values(grad, leaves[name].grad, f"the gradient of the {name} through {call}")
+        expected = 4 * sizes.d_model**2 + 4 * sizes.d_model
+        total = sum(int(n) for _, n, _ in parameters)
+        if total != expected:
+            fail(
+                f"the module has {total} parameters, expected 4 d_model^2 + 4 d_model = {expected}.",
+                "the projections are not nn.Linear(d_model, d_model) modules (or nn.Parameter) of the module",
+            )
+        for name, _, grad in parameters:
+            if (
+                not isinstance(grad, torch.Tensor)
+                or not torch.isfinite(grad).all()
+                or not grad.abs().sum() > 0
+            ):
+                fail(f"the parameter {name} gets no gradient through {call}.", "it is not used in forward")
+
+    return Check(call, judge)
+
+
+def _blocked(arguments: dict[str, Any], sizes: Sizes) -> torch.Tensor | None:
+    mask = arguments.get("mask")
+    if mask is None:
+        return None
+    mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
+    shape = (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len)
+    return ~mask.expand(shape).reshape(sizes.batch * sizes.n_heads, sizes.q_len, sizes.k_len)
+
+
+@behaviour(function="attention_entropy", points=1, hints=HINTS)
+def entropy_in_nats(part: Part) -> Iterator[Check]:
+    """attention_entropy is -sum_j w_j ln w_j per head and query, in nats: 0 for one-hot rows and for rows
+    of zeros, ln(k_len) for uniform rows."""
+    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    for index, sizes in enumerate(cases):
+        shape = (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len)
+        scores = randn(shape, seed=110 + index, device=part.device) * 2
+        weights = torch.softmax(scores, dim=-1)
+        weights[..., 0, :] = 0.0  # one-hot
+        weights[..., 0, 1] = 1.0
+        weights[..., 1, :] = 1 / sizes.k_len  # uniform
+        weights[:, :, -1] = 0.0  # a query with no allowed key
+        for dtype in (torch.float64,) if not part.hidden else (torch.float64, torch.float32):
+            yield _entropy_check(part, weights.to(dtype), sizes)
+
+
+def _entropy_check(part: Part, weights: torch.Tensor, sizes: Sizes) -> Check:
+    call = part.call(weights=weights)
+    wide = weights.double()
+    right = -torch.where(wide > 0, wide * wide.clamp_min(1e-300).log(), 0.0).sum(-1)
+
+    def wrong() -> Iterator[Mistake]:
+        yield Mistake(
+            "the entropy is in bits (log2): use the natural logarithm (torch.log), nats", right / math.log(2)
+        )
+        yield Mistake("the sign is missing: H = -sum_j w_j ln w_j is non-negative", -right)
+        yield Mistake("the mean over the keys is taken instead of the sum", right / sizes.k_len)
+        yield Mistake(
+            "0 ln 0 gives NaN (0 * -inf): count it as 0, its limit: torch.xlogy(w, w), or torch.where(w > 0,"
+            " ...)",
+            torch.where(wide == 0, math.nan, 1.0).amax(-1) * right,
+        )
+
+    def judge(result: Any) -> None:
+        hints = _hints(sizes, "entropy")
+        assert_values(
+            result, right, f"the result of {call}", dtype=weights.dtype, mistakes=wrong, hints=hints
+        )
+
+    return Check(call, judge, untouched=True)
+
+
+@behaviour(function="mha_parameter_count", points=1, hints=HINTS)
+def parameter_count(part: Part) -> Iterator[Check]:
+    """mha_parameter_count gives 4 d_model^2 + 4 d_model (4 d_model^2 without biases): BERT-base's layer has
+    2,362,368, as nn.MultiheadAttention(768, 12)."""
+    cases = (
+        ((768, 12, True), (768, 12, False))
+        if not part.hidden
+        else ((64, 8, True), (12, 3, False), (20, 5, True))
+    )
+    for d_model, n_heads, bias in cases:
+        call = part.call(d_model=d_model, n_heads=n_heads, bias=bias)
+        yield Check(
+            call, lambda result, call=call, d=d_model, h=n_heads, bias=bias: _count(result, call, d, h, bias)
+        )
+
+
+def _count(result: Any, call: Call, d: int, h: int, bias: bool) -> None:
+    right = 4 * d * d + (4 * d if bias else 0)
+    if isinstance(result, int) and not isinstance(result, bool) and result == right:
+        return
+    wrong = {
+        3 * d * d + (3 * d if bias else 0): "only three projections are counted: W_O (d_model x d_model) too",
+        4 * d * d + 4 * d: "biases are counted although bias=False",
+        4 * d * d: "the biases are missing: four of d_model each",
+        4 * d * d + d: "only one bias is counted: each of the four projections has d_model",
+        4 * d * (d // h)
+        + (4 * d // h if bias else 0): "one head's projections are counted: the heads share out the "
+        "d_model columns, so the count does not depend on n_heads",
+        4 * h * d * d
+        + (4 * h * d if bias else 0): "each head is counted with full-width projections: head i "
+        "uses d_head = d_model // n_heads columns of each",
+    }
+    cause = wrong.get(result, "") if isinstance(result, int) else "return an int"
+    fail(f"{call} returned {result!r}, expected {right:,}.", cause, expected=str(right), got=repr(result))
