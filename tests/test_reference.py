@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention_course.device import seeded_generator
-from solutions import attention, masks, pooling
+from solutions import attention, grouped_query, masks, multi_head, pooling
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -303,3 +303,43 @@ def test_softmax_on_cuda():
         result = attention.softmax(x.to(dtype), -1)
         assert result.dtype == dtype and torch.isfinite(result).all()
         torch.testing.assert_close(result.double(), torch.softmax(x, -1), atol=GPU_ATOL[dtype] * 4, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# multi-head and grouped-query attention (ex04, ex05): errors, and the GPU
+
+
+def test_multi_head_modules_reject_bad_sizes_and_masks():
+    with pytest.raises(ValueError, match="must divide"):
+        multi_head.MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match="must divide"):
+        multi_head.split_heads(torch.zeros(1, 2, 10), 3)
+    with pytest.raises(ValueError, match="divide"):
+        grouped_query.GroupedQueryAttention(12, 4, 3)
+    module, x = multi_head.MultiHeadAttention(8, 2), torch.zeros(1, 3, 8)
+    with pytest.raises(TypeError, match="boolean"):
+        module(x, x, x, torch.ones(3, 3))
+    with pytest.raises(ValueError, match="n_heads"):
+        module.load_torch_weights(torch.nn.MultiheadAttention(8, 4))
+    assert multi_head.mha_parameter_count(768, 12) == 2_362_368
+    assert grouped_query.kv_cache_bytes(1, 1, 1, 1, 1, torch.bfloat16) == 4
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_multi_head_and_grouped_query_on_cuda(dtype, no_tf32):
+    generator = seeded_generator(95)
+    torch_mha = torch.nn.MultiheadAttention(64, 8, batch_first=True).double()
+    x = torch.randn(2, 33, 64, generator=generator, dtype=torch.float64)
+    mask = torch.rand(2, 1, 1, 33, generator=generator) > 0.2
+    mask[..., 0] = True
+    expected, _ = torch_mha(x, x, x, key_padding_mask=~mask[:, 0, 0], average_attn_weights=False)
+    for module in (
+        multi_head.MultiHeadAttention(64, 8).load_torch_weights(torch_mha),
+        grouped_query.gqa_from_mha(torch_mha, 8),
+    ):
+        module = module.to(device="cuda", dtype=dtype)
+        output, weights = module(x.to("cuda", dtype), x.to("cuda", dtype), x.to("cuda", dtype), mask.cuda())
+        assert output.dtype == dtype and weights.shape == (2, 8, 33, 33)
+        torch.testing.assert_close(output.double().cpu(), expected.detach(), atol=8 * GPU_ATOL[dtype], rtol=0)
