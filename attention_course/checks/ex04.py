@@ -56,6 +56,8 @@ merge strided: the merged features are interleaved across heads: transpose(1, 2)
 no output projection: the output projection W_O is missing: the concatenated heads go through w_o
 scale d_model: the scores are divided by sqrt(d_model); each head's scale is 1/sqrt(d_head), the width of its
     own queries and keys (d_head = d_model // n_heads)
+transposed: the weight matrices are used transposed: nn.MultiheadAttention (like nn.Linear) stores
+    [out_features, in_features] and computes x @ W^T + b; copy its weights into nn.Linear as they are
 rule: The course's rule (chapter 3): a query whose mask row allows no key gets zero weights, so its
     attention is zero and the output there is w_o's bias alone.
 mask 3d: a [batch, q_len, k_len] mask must get an axis for the heads, mask.unsqueeze(1), so that it
@@ -196,6 +198,7 @@ class Heads:
     merge: str = "right"  # "no transpose", "strided"
     out_proj: bool = True
     mask3: str = "unsqueeze"  # "as heads": a [batch, q_len, k_len] mask broadcast against the head axis
+    transposed: bool = False  # every weight matrix used transposed (x @ W instead of x @ W^T)
     core: Variant = Variant()  # noqa: RUF009 (frozen): the attention core of each head
 
 
@@ -205,8 +208,9 @@ def forward(arguments: dict[str, Any], row: Heads = Heads()) -> tuple[torch.Tens
     d_model, n_heads = a["d_model"], a["n_heads"]
     d_head = d_model // n_heads
     biases = a["in_proj_bias"].chunk(3) if a["in_proj_bias"] is not None else (None,) * 3
+    turn = (lambda w: w.T) if row.transposed else (lambda w: w)
     projected = [
-        F.linear(a[name], weight, bias)
+        F.linear(a[name], turn(weight), bias)
         for name, weight, bias in zip(
             ("query", "key", "value"), a["in_proj_weight"].chunk(3), biases, strict=True
         )
@@ -235,7 +239,7 @@ def forward(arguments: dict[str, Any], row: Heads = Heads()) -> tuple[torch.Tens
         merged = heads.permute(0, 2, 3, 1).reshape(batch, q_len, d_model)
     else:
         merged = heads.transpose(1, 2).reshape(batch, q_len, d_model)
-    output = F.linear(merged, a["out_proj_weight"], a["out_proj_bias"]) if row.out_proj else merged
+    output = F.linear(merged, turn(a["out_proj_weight"]), a["out_proj_bias"]) if row.out_proj else merged
     return output, weights
 
 
@@ -247,6 +251,7 @@ ROWS = (
     Heads(TEXT["no output projection"], out_proj=False),
     Heads(TEXT["scale d_model"], core=Variant(divide="sqrt(d_model)")),
     Heads(TEXT["mask 3d"], mask3="as heads"),
+    Heads(TEXT["transposed"], transposed=True),
     *(Heads(variant.hint, core=variant) for variant in family.CORE if variant.divide != "sqrt(d_model)"),
 )
 
@@ -389,7 +394,7 @@ def merge_heads_inverse(part: Part) -> Iterator[Check]:
         b, length, h, dh = sizes.batch, sizes.q_len, sizes.n_heads, sizes.d_head
         for dtype in (torch.float32,) if not part.hidden else (torch.float64, torch.float16):
             merged = randn((b, length, h * dh), seed=50 + index, device=part.device, dtype=dtype)
-            x = merged.view(b, length, h, dh).transpose(1, 2)  # as split_heads makes it: not contiguous
+            x = merged.view(b, length, h, dh).transpose(1, 2).contiguous()  # as weights @ value makes it
             call = part.call(x=x)
 
             def wrong(x=x, b=b, length=length) -> Iterator[Mistake]:
@@ -498,13 +503,12 @@ def _gradient_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Chec
                 f"the module has {total} parameters, expected 4 d_model^2 + 4 d_model = {expected}.",
                 "the projections are not nn.Linear(d_model, d_model) modules (or nn.Parameter) of the module",
             )
-        for name, _, grad in parameters:
-            if (
-                not isinstance(grad, torch.Tensor)
-                or not torch.isfinite(grad).all()
-                or not grad.abs().sum() > 0
-            ):
-                fail(f"the parameter {name} gets no gradient through {call}.", "it is not used in forward")
+        for name, _, grad in parameters:  # (the key bias's gradient is 0: it shifts a row's scores alike)
+            if not isinstance(grad, torch.Tensor) or not torch.isfinite(grad).all():
+                fail(
+                    f"the parameter {name} gets no gradient through {call}.",
+                    "it is not used in forward, or is frozen (requires_grad=False), or used through .data",
+                )
 
     return Check(call, judge)
 
@@ -516,6 +520,21 @@ def _blocked(arguments: dict[str, Any], sizes: Sizes) -> torch.Tensor | None:
     mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
     shape = (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len)
     return ~mask.expand(shape).reshape(sizes.batch * sizes.n_heads, sizes.q_len, sizes.k_len)
+
+
+@behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=FORWARD)
+def mha_from_scratch(part: Part) -> Iterator[Check]:
+    """The module is correct and calls no built-in attention (F.scaled_dot_product_attention,
+    nn.MultiheadAttention's forward)."""
+    rule = family.from_scratch("multi-head attention")
+    if not part.hidden:
+        yield from engine.correct_first(mha_matches_torch.plan(part), part.function)
+    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    calls = []
+    for index, sizes in enumerate(cases):
+        for mask in (None, family.mask((sizes.q_len, sizes.k_len), seed=120 + index, device=part.device)):
+            calls.append(part.call(**inputs(sizes, seed=120 + 10 * index, device=part.device, mask=mask)))
+    yield rule.check(calls)
 
 
 @behaviour(function="attention_entropy", points=1, hints=HINTS)
