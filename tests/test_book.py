@@ -32,7 +32,7 @@ def test_pages_cite_what_readers_can_see(page: Path):
 
 
 def test_there_are_chapters():
-    assert [chapter.stem[:2] for chapter in CHAPTERS] == ["01", "02", "03"]
+    assert [chapter.stem[:2] for chapter in CHAPTERS] == ["01", "02", "03", "04", "05"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
@@ -62,6 +62,10 @@ def test_book_builds_without_warnings(built_book: BookBuild):
         "chapters/01_soft_lookup",
         "chapters/02_scaled_dot_product",
         "chapters/03_masks",
+        "chapters/04_multi_head",
+        "chapters/05_grouped_query",
+        "exercises/ex04_multi_head/ex04_multi_head",
+        "exercises/ex05_grouped_query/ex05_grouped_query",
         "instructors/index",
         "instructors/authoring",
         "glossary",

@@ -347,7 +347,9 @@ def exercise_functions(number: str) -> list[str]:
     return sorted({name for source in sources for name in re.findall(r"^def (\w+)\(", source, re.MULTILINE)})
 
 
-@pytest.mark.parametrize("chapter", ["01_soft_lookup", "02_scaled_dot_product", "03_masks"])
+@pytest.mark.parametrize(
+    "chapter", ["01_soft_lookup", "02_scaled_dot_product", "03_masks", "04_multi_head", "05_grouped_query"]
+)
 def test_chapters_fold_the_functions_an_exercise_asks_for(visits, chapter):
     """A chapter shows the key lines of what its exercise asks for; a whole function appears only folded
     away (hidden until the reader opens it), after a link to the exercise."""
