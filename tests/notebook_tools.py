@@ -15,6 +15,7 @@ import linecache
 import secrets
 import tempfile
 import textwrap
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,19 +155,30 @@ def reference_as_learner_code(exercise: Exercise) -> dict[str, Callable]:
     return notebook_functions(exercise, reference_sources(exercise))
 
 
+def _global_names(code: types.CodeType) -> set[str]:
+    """The global names that ``code`` and the code nested in it (functions, class bodies, methods) use."""
+    nested = (const for const in code.co_consts if isinstance(const, types.CodeType))
+    return set(code.co_names).union(*map(_global_names, nested))
+
+
 def implementation(exercise: Exercise, candidate: _bank.Implementation) -> Callable:
     """A bank implementation compiled as learner code after the setup cell, with the reference (as learner
-    code) of the exercise's other classes and functions that it names: ``gqa_from_mha`` builds a
-    ``GroupedQueryAttention``."""
-    code = compile(candidate.source, "<candidate>", "exec")
-    names = {
-        name for c in (code, *(k for k in code.co_consts if hasattr(k, "co_names"))) for name in c.co_names
+    code) of the exercise's classes that it uses, and of what those use in turn: ``gqa_from_mha`` builds a
+    ``GroupedQueryAttention``, whose ``forward`` calls ``repeat_kv``. A function the candidate calls directly
+    is left out, so that a bank function stands on its own as it does in a submission's cell."""
+    sources = reference_sources(exercise)
+    wanted = {
+        name
+        for name in _global_names(compile(candidate.source, "<candidate>", "exec"))
+        if name in sources and inspect.isclass(getattr(exercise.reference, name))
     }
-    needed = {
-        name: source
-        for name, source in reference_sources(exercise).items()
-        if name in names and name != candidate.function and inspect.isclass(getattr(exercise.reference, name))
-    }
+    needed: dict[str, str] = {}
+    while wanted:
+        name = wanted.pop()
+        if name in needed or name == candidate.function:
+            continue
+        needed[name] = sources[name]
+        wanted |= _global_names(compile(sources[name], f"<{name}>", "exec")) & set(sources)
     return notebook_functions(exercise, {**needed, candidate.function: candidate.source})[candidate.function]
 
 

@@ -431,6 +431,78 @@ def permuted(
 def exception_hints(extra: str = "") -> Hints:
     """Hints for exceptions in attention code: the :func:`table` ``extra`` first, then einsum's."""
     return hint_table(extra) + hint_table("""
+view size is not compatible | contiguous: after transpose() a tensor is not contiguous, and view() cannot
+    regroup its axes: use reshape(), or .contiguous().view()
 number of subscripts | einsum: an einsum equation with fixed axes works for one number of leading axes only:
     use an ellipsis, as in torch.einsum('...qd,...kd->...qk', query, key)
 """)
+
+
+# ==================================================================================================
+# modules of several heads (ex04 and later): one call builds the module, loads weights and runs forward
+
+MODULE_TEXT = table("""
+scale d_model: the scores are divided by sqrt(d_model); each head's scale is 1/sqrt(d_head), the width of its
+    own queries and keys (d_head = d_model // n_heads)
+mask 3d: a [batch, q_len, k_len] mask must get an axis for the heads, mask.unsqueeze(1), so that it
+    broadcasts over the scores [batch, n_heads, q_len, k_len]; without it the batch axis meets the heads
+""")
+
+
+def row_mistakes(
+    rows: Sequence[Any],
+    compute: Callable[[dict[str, Any], Any], tuple],
+    arguments: dict[str, Any],
+    index: int,
+) -> Iterator[Mistake]:
+    """The output (``index`` 0) or the weights (1) that ``compute(arguments, row)`` gives for each mistake row
+    (rows with a ``core`` :class:`Variant` and a ``mask3`` field); a row about masks is skipped without one,
+    and a row that raises for these sizes is skipped."""
+    for row in rows:
+        if arguments.get("mask") is None and (row.core.mask != "masked" or row.mask3 != "unsqueeze"):
+            continue
+        try:
+            yield Mistake(row.hint, compute(arguments, row)[index])
+        except (ValueError, RuntimeError):
+            continue
+
+
+def module_pair(result: Any, call: Any, sizes: Any, hints: Callable[[Any, str], dict]) -> tuple[Any, Any]:
+    """The ``(output [batch, q_len, d_model], weights [batch, n_heads, q_len, k_len])`` of a module's call,
+    its shapes judged (likely causes: ``hints(sizes, "output" | "weights")``)."""
+    output, weights_ = pair(result, call)
+    shapes = {
+        "output": (sizes.batch, sizes.q_len, sizes.d_model),
+        "weights": (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len),
+    }
+    for which, actual in (("output", output), ("weights", weights_)):
+        assert_shape(actual, f"the {which} of {call}", shapes[which], hints(sizes, which))
+    return output, weights_
+
+
+def module_check(
+    part: Part,
+    arguments: dict[str, Any],
+    sizes: Any,
+    answer: Callable[[dict[str, Any]], tuple],
+    wrong: Callable[[dict[str, Any], int], Iterator[Mistake]],
+    hints: Callable[[Any, str], dict],
+    note: str = "",
+) -> Check:
+    """One call of a module of several heads: its shapes (:func:`module_pair`), then its weights and output
+    against ``answer(arguments)``, a mismatch named by ``wrong(arguments, index)``. A call that passes a
+    ``[batch, q_len, k_len]`` mask and raises is told to give the mask a head axis."""
+    call = part.call(**arguments)
+    dtype, mask = arguments["query"].dtype, arguments.get("mask")
+
+    def judge(result: Any) -> None:
+        output, weights_ = module_pair(result, call, sizes, hints)
+        expected = answer(arguments)
+        for which, actual, index in (("weights", weights_, 1), ("output", output, 0)):
+            wrong_ = lambda index=index: wrong(arguments, index)  # noqa: E731
+            assert_values(
+                actual, expected[index], f"the {which} of {call}", dtype=dtype, mistakes=wrong_, note=note
+            )
+
+    is_3d = isinstance(mask, torch.Tensor) and mask.dim() == 3
+    return Check(call, judge, on_raise=MODULE_TEXT["mask 3d"] if is_3d else "")

@@ -26,7 +26,6 @@ from attention_course.checks.engine import (
     Driver,
     Mistake,
     Part,
-    assert_shape,
     assert_values,
     behaviour,
     fail,
@@ -34,8 +33,6 @@ from attention_course.checks.engine import (
 )
 
 HINTS = family.exception_hints("""
-view size is not compatible | contiguous: after transpose() a tensor is not contiguous, and view() cannot
-    regroup its axes: use reshape(), or .contiguous().view()
 shape '[ | is invalid for input of size: the sizes given to view()/reshape() do not multiply to the
     tensor's size: split d_model into (n_heads, d_head) with d_head = d_model // n_heads
 load_torch_weights: write the method load_torch_weights(self, torch_mha) that copies the weights of
@@ -43,7 +40,8 @@ load_torch_weights: write the method load_torch_weights(self, torch_mha) that co
 in_proj_weight | out_proj: nn.MultiheadAttention keeps W_q, W_k, W_v stacked in in_proj_weight [3 d_model,
     d_model] (with in_proj_bias) and W_O in out_proj (a Linear): see the task
 """)
-TEXT = engine.table("""
+TEXT = (
+    engine.table("""
 split no transpose: the heads are split with view(batch, n_heads, len, d_head) and no transpose: head i then
     takes whole positions instead of features i*d_head..(i+1)*d_head-1 of each position; view as [batch, len,
     n_heads, d_head], then transpose(1, 2)
@@ -54,15 +52,13 @@ merge no transpose: the heads are merged with reshape(batch, len, d_model) and n
 merge strided: the merged features are interleaved across heads: transpose(1, 2) to [batch, len, n_heads,
     d_head], then reshape to [batch, len, n_heads * d_head] (head 0's features first)
 no output projection: the output projection W_O is missing: the concatenated heads go through w_o
-scale d_model: the scores are divided by sqrt(d_model); each head's scale is 1/sqrt(d_head), the width of its
-    own queries and keys (d_head = d_model // n_heads)
 transposed: the weight matrices are used transposed: nn.MultiheadAttention (like nn.Linear) stores
     [out_features, in_features] and computes x @ W^T + b; copy its weights into nn.Linear as they are
 rule: The course's rule (chapter 3): a query whose mask row allows no key gets zero weights, so its
     attention is zero and the output there is w_o's bias alone.
-mask 3d: a [batch, q_len, k_len] mask must get an axis for the heads, mask.unsqueeze(1), so that it
-    broadcasts over the scores [batch, n_heads, q_len, k_len]; without it the batch axis meets the heads
 """)
+    | family.MODULE_TEXT
+)
 SHAPES = engine.table("""
 output batch n_heads q_len d_head: the heads are not merged: merge them back to [batch, q_len, d_model] and
     apply w_o
@@ -258,13 +254,7 @@ ROWS = (
 
 def mistakes(arguments: dict[str, Any], index: int) -> Iterator[Mistake]:
     """The output (``index`` 0) or the weights (1) of each known mistake on ``arguments``."""
-    for row in ROWS:
-        if arguments.get("mask") is None and (row.core.mask != "masked" or row.mask3 != "unsqueeze"):
-            continue
-        try:
-            yield Mistake(row.hint, forward(arguments, row)[index])
-        except (ValueError, RuntimeError):  # a mistake that raises for these sizes
-            continue
+    return family.row_mistakes(ROWS, forward, arguments, index)
 
 
 def torch_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,40 +305,9 @@ def masks(sizes: Sizes, seed: int, device) -> list[torch.Tensor | None]:
     ]
 
 
-def _pair(result: Any, call: Call, sizes: Sizes) -> tuple[Any, Any]:
-    output, weights = family.pair(result, call)
-    shapes = {
-        "output": (sizes.batch, sizes.q_len, sizes.d_model),
-        "weights": (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len),
-    }
-    for which, actual in (("output", output), ("weights", weights)):
-        assert_shape(actual, f"the {which} of {call}", shapes[which], _hints(sizes, which))
-    return output, weights
-
-
-def module_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=torch_answer, note="") -> Check:
-    """One call of the module, judged on its shapes, then on its values against ``answer``."""
-    call = part.call(**arguments)
-    dtype = arguments["query"].dtype
-
-    def judge(result: Any) -> None:
-        output, weights = _pair(result, call, sizes)
-        expected = answer(arguments)
-        for which, actual, index in (("weights", weights, 1), ("output", output, 0)):
-            assert_values(
-                actual,
-                expected[index],
-                f"the {which} of {call}",
-                dtype=dtype,
-                mistakes=lambda index=index: mistakes(arguments, index),
-                note=note,
-            )
-
-    return Check(call, judge, on_raise=TEXT["mask 3d"] if _is_3d(arguments.get("mask")) else "")
-
-
-def _is_3d(mask: Any) -> bool:
-    return isinstance(mask, torch.Tensor) and mask.dim() == 3
+def module_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=None, note="") -> Check:
+    """One call of the module, against ``nn.MultiheadAttention`` (or ``answer``), mistakes named by rows."""
+    return family.module_check(part, arguments, sizes, answer or torch_answer, mistakes, _hints, note)
 
 
 def _formula(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -420,7 +379,7 @@ def mha_shapes(part: Part) -> Iterator[Check]:
         call = part.call(**arguments)
 
         def judge(result: Any, call=call, sizes=sizes) -> None:
-            _, weights = _pair(result, call, sizes)
+            _, weights = family.module_pair(result, call, sizes, _hints)
             sums = weights.detach().double().sum(-1)
             if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
                 fail(

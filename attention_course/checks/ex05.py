@@ -27,7 +27,6 @@ from attention_course.checks.engine import (
     Driver,
     Mistake,
     Part,
-    assert_shape,
     assert_values,
     behaviour,
     fail,
@@ -38,8 +37,6 @@ HINTS = family.exception_hints("""
 attribute 'q_proj' | attribute 'k_proj' | attribute 'v_proj' | attribute 'o_proj': name the four
     projections q_proj, k_proj, v_proj and o_proj (nn.Linear modules), as in Llama: the checks copy their
     weights into them
-view size is not compatible | contiguous: after transpose() a tensor is not contiguous, and view() cannot
-    regroup its axes: use reshape(), or .contiguous().view()
 the checks cannot copy | is invalid for input of size: k_proj and v_proj give n_kv_heads * d_head features
     (not d_model), split into n_kv_heads heads; repeat them to n_heads
 """)
@@ -50,15 +47,14 @@ same dtype | expected scalar type | expected both: the new module must have the 
 """),
     *HINTS,
 )
-TEXT = engine.table("""
+TEXT = (
+    engine.table("""
 tile: the key/value heads are tiled (a, b, a, b: x.repeat(1, n_rep, 1, 1)); query head i must meet key/value
     head i // n_rep, so each head is repeated next to itself (a, a, b, b): x.repeat_interleave(n_rep, dim=1)
-scale d_model: the scores are divided by sqrt(d_model); each head's scale is 1/sqrt(d_head), the width of its
-    own queries and keys (d_head = d_model // n_heads)
 no output projection: the output projection o_proj is missing: the merged heads go through o_proj
-mask 3d: a [batch, q_len, k_len] mask must get an axis for the heads, mask.unsqueeze(1), so that it
-    broadcasts over the scores [batch, n_heads, q_len, k_len]; without it the batch axis meets the heads
 """)
+    | family.MODULE_TEXT
+)
 SHAPES = engine.table("""
 output batch n_heads q_len d_head: the heads are not merged: merge them back to [batch, q_len, d_model] and
     apply o_proj
@@ -247,13 +243,7 @@ ROWS = (
 
 def mistakes(arguments: dict[str, Any], index: int, rows=ROWS) -> Iterator[Mistake]:
     """The output (``index`` 0) or the weights (1) of each known mistake on ``arguments``."""
-    for row in rows:
-        if arguments.get("mask") is None and (row.core.mask != "masked" or row.mask3 != "unsqueeze"):
-            continue
-        try:
-            yield Mistake(row.hint, forward(arguments, row)[index])
-        except (ValueError, RuntimeError):  # a mistake that raises for these sizes
-            continue
+    return family.row_mistakes(rows, forward, arguments, index)
 
 
 def sdpa_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,37 +277,9 @@ def mha_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     return ex04.torch_answer(a)
 
 
-def _pair(result: Any, call: Call, sizes: Sizes) -> tuple[Any, Any]:
-    output, weights = family.pair(result, call)
-    shapes = {
-        "output": (sizes.batch, sizes.q_len, sizes.d_model),
-        "weights": (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len),
-    }
-    for which, actual in (("output", output), ("weights", weights)):
-        assert_shape(actual, f"the {which} of {call}", shapes[which], _hints(sizes, which))
-    return output, weights
-
-
 def module_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=sdpa_answer) -> Check:
     """One call of the module, judged on its shapes, then on its values against ``answer``."""
-    call = part.call(**arguments)
-    dtype = arguments["query"].dtype
-
-    def judge(result: Any) -> None:
-        output, weights = _pair(result, call, sizes)
-        expected = answer(arguments)
-        for which, actual, index in (("weights", weights, 1), ("output", output, 0)):
-            assert_values(
-                actual,
-                expected[index],
-                f"the {which} of {call}",
-                dtype=dtype,
-                mistakes=lambda index=index: mistakes(arguments, index),
-            )
-
-    mask = arguments.get("mask")
-    is_3d = isinstance(mask, torch.Tensor) and mask.dim() == 3
-    return Check(call, judge, on_raise=TEXT["mask 3d"] if is_3d else "")
+    return family.module_check(part, arguments, sizes, answer, mistakes, _hints)
 
 
 # --- the behaviours, in the notebook's order
@@ -376,7 +338,7 @@ def gqa_shapes(part: Part) -> Iterator[Check]:
         def judge(result: Any, call=call, sizes=sizes) -> None:
             if not isinstance(result, tuple) or len(result) != 3:
                 fail(f"{call} should return a tuple (output, weights).")
-            _pair(result[:2], call, sizes)
+            family.module_pair(result[:2], call, sizes, _hints)
             h, g, dh, d = sizes.n_heads, sizes.n_kv_heads, sizes.d_head, sizes.d_model
             right = {
                 "q_proj": (h * dh, d),
@@ -551,7 +513,7 @@ def _convert_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Check
         output, weights, k_weight = result
         where = f"k_proj.weight of the module of {call}"
         assert_values(k_weight, right["k_proj_weight"], where, mistakes=lambda: wrong("k"))
-        output, weights = _pair((output, weights), call, sizes)
+        output, weights = family.module_pair((output, weights), call, sizes, _hints)
         expected = (
             forward(right)
             if sizes.n_kv_heads != sizes.n_heads

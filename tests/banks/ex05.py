@@ -42,12 +42,7 @@ GQA = """class GroupedQueryAttention(nn.Module):
         return self.o_proj(heads), weights
 """
 
-# gqa_from_mha builds the reference GroupedQueryAttention, whose forward calls repeat_kv: the cell defines it
-FROM_MHA = """def repeat_kv(x, n_rep):
-    return x.repeat_interleave(n_rep, dim=1)
-
-
-def gqa_from_mha(mha, n_kv_heads):
+FROM_MHA = """def gqa_from_mha(mha, n_kv_heads):
     d_model, n_heads = mha.embed_dim, mha.num_heads
     d_head, n_rep = d_model // n_heads, n_heads // n_kv_heads
     gqa = GroupedQueryAttention(d_model, n_heads, n_kv_heads).to(mha.in_proj_weight)
@@ -325,7 +320,30 @@ RIGHT_CLASSES = {
     "expand_reshape": GQA_EXPAND_VIEW,
 }
 
+
+def gqa_from_mha__loop_over_groups(mha, n_kv_heads):
+    d_model, n_heads = mha.embed_dim, mha.num_heads
+    d_head, n_rep = d_model // n_heads, n_heads // n_kv_heads
+    gqa = GroupedQueryAttention(d_model, n_heads, n_kv_heads).to(mha.in_proj_weight)  # noqa: F821
+    weights, biases = mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)
+    with torch.no_grad():
+        gqa.q_proj.weight.copy_(weights[0])
+        gqa.q_proj.bias.copy_(biases[0])
+        for projection, weight, bias in (
+            (gqa.k_proj, weights[1], biases[1]),
+            (gqa.v_proj, weights[2], biases[2]),
+        ):
+            for group in range(n_kv_heads):
+                rows = slice(group * n_rep * d_head, (group + 1) * n_rep * d_head)
+                target = slice(group * d_head, (group + 1) * d_head)
+                projection.weight[target] = weight[rows].reshape(n_rep, d_head, d_model).mean(dim=0)
+                projection.bias[target] = bias[rows].reshape(n_rep, d_head).mean(dim=0)
+        gqa.o_proj.load_state_dict(mha.out_proj.state_dict())
+    return gqa
+
+
 RIGHT = [
+    gqa_from_mha__loop_over_groups,
     repeat_kv__expand_reshape,
     repeat_kv__cat_loop,
     kv_cache_bytes__element_size,
