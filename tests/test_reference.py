@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attention_course import cross_attention, transformer  # the library's, beside the re-exported answers
 from attention_course.device import seeded_generator
 from solutions import attention, grouped_query, masks, multi_head, pooling
 
@@ -343,3 +344,80 @@ def test_multi_head_and_grouped_query_on_cuda(dtype, no_tf32):
         output, weights = module(x.to("cuda", dtype), x.to("cuda", dtype), x.to("cuda", dtype), mask.cuda())
         assert output.dtype == dtype and weights.shape == (2, 8, 33, 33)
         torch.testing.assert_close(output.double().cpu(), expected.detach(), atol=8 * GPU_ATOL[dtype], rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# cross-attention, the decoder layer, the block and generation (ex06, ex07): errors, and the GPU
+
+
+def test_blocks_and_generation_reject_bad_arguments():
+    with pytest.raises(ValueError, match="must divide"):
+        cross_attention.CrossAttention(10, 3)
+    with pytest.raises(ValueError, match="must divide"):
+        transformer.TransformerBlock(10, 3, 16)
+    with pytest.raises(ValueError, match="activation"):
+        transformer.TransformerBlock(8, 2, 16, activation="swish")
+    layer, x = cross_attention.CrossAttention(8, 2), torch.zeros(1, 3, 8)
+    with pytest.raises(TypeError, match="boolean"):
+        layer(x, torch.zeros(1, 4, 8), torch.ones(1, 1, 1, 4))
+
+    def model(tokens):
+        return torch.zeros(*tokens.shape, 5)
+
+    prompt = torch.zeros(2, 1, dtype=torch.long)
+    for options in ({"temperature": -1.0}, {"top_k": 0}, {"max_new_tokens": -1}):
+        with pytest.raises(ValueError, match="temperature >= 0"):
+            transformer.generate(model, prompt, **{"max_new_tokens": 1, **options})
+    assert transformer.generate(model, prompt, 0).equal(prompt)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_decoder_layer_and_block_on_cuda(dtype, no_tf32):
+    """The decoder layer (with its cache) and the block on the GPU, against PyTorch's layers in float64."""
+    generator = seeded_generator(97)
+    x = torch.randn(2, 9, 32, generator=generator, dtype=torch.float64)
+    memory = torch.randn(2, 13, 32, generator=generator, dtype=torch.float64)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    for norm_first in (False, True):
+        torch_decoder = torch.nn.TransformerDecoderLayer(
+            32, 4, 64, 0.0, batch_first=True, norm_first=norm_first
+        )
+        torch_encoder = torch.nn.TransformerEncoderLayer(
+            32, 4, 64, 0.0, batch_first=True, norm_first=norm_first
+        )
+        torch_decoder, torch_encoder = torch_decoder.double().eval(), torch_encoder.double().eval()
+        expected_decoder = torch_decoder(x, memory, tgt_mask=~causal).detach()
+        expected_block = torch_encoder(x, src_mask=~causal).detach()
+        decoder = cross_attention.DecoderLayer(32, 4, 64, norm_first=norm_first)
+        decoder = cross_attention.load_torch_decoder_layer(decoder, torch_decoder).to("cuda", dtype)
+        block = transformer.TransformerBlock(32, 4, 64, norm_first=norm_first)
+        block = transformer.load_torch_encoder_layer(block, torch_encoder).to("cuda", dtype)
+        on_gpu = {"device": "cuda", "dtype": dtype}
+        with torch.no_grad():
+            output = decoder(x.to(**on_gpu), memory.to(**on_gpu), causal.cuda(), use_cache=True)
+            again = decoder(x.to(**on_gpu), memory.to(**on_gpu), causal.cuda(), use_cache=True)
+            blocked = block(x.to(**on_gpu), causal.cuda())
+        assert output.dtype == dtype and output.device.type == "cuda"
+        for actual, expected in (
+            (output, expected_decoder),
+            (again, expected_decoder),
+            (blocked, expected_block),
+        ):
+            torch.testing.assert_close(actual.double().cpu(), expected, atol=30 * GPU_ATOL[dtype], rtol=0)
+
+
+@gpu
+@needs_cuda
+def test_generate_on_cuda():
+    """Greedy generation is the same on the GPU as on the CPU; sampling with a CUDA generator runs there."""
+    torch.manual_seed(0)
+    model = transformer.TinyGPT(17, 32, 4, 2, 64, max_len=24).eval()
+    prompt = torch.randint(0, 17, (3, 4), generator=seeded_generator(98))
+    expected = transformer.generate(model, prompt, 10, temperature=0)
+    actual = transformer.generate(model.cuda(), prompt.cuda(), 10, temperature=0)
+    assert actual.device.type == "cuda" and actual.cpu().equal(expected)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    sampled = transformer.generate(model, prompt.cuda(), 30, temperature=1.0, top_k=5, generator=generator)
+    assert sampled.shape == (3, 34) and sampled.device.type == "cuda"
