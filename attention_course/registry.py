@@ -99,6 +99,20 @@ ASSIGNMENTS: dict[str, Assignment] = {
             checks="attention_course.checks.ex05",
             bank="tests.banks.ex05",
         ),
+        Assignment(
+            "ex06_cross_attention",
+            "Cross-attention and the decoder layer",
+            reference="solutions.cross_attention",
+            checks="attention_course.checks.ex06",
+            bank="tests.banks.ex06",
+        ),
+        Assignment(
+            "ex07_transformer_block",
+            "The transformer block and text generation",
+            reference="solutions.transformer",
+            checks="attention_course.checks.ex07",
+            bank="tests.banks.ex07",
+        ),
     )
 }
 

@@ -131,6 +131,7 @@ def test_imported_wrapped_or_exec_copied_reference_fails(exercise, cell):
 
     namespace = {}
     exec(exercise.setup, namespace)
+    namespace.update(reference_as_learner_code(exercise))  # the cells above (a class may subclass one)
     exec(textwrap.dedent(inspect.getsource(reference)), namespace)  # no file: as exec() in a notebook
     copied = namespace[cell.function]
     messages = {

@@ -109,7 +109,9 @@ def submissions(exercise: Exercise) -> list[Submission]:
     chatty_name = exercise.functions[-1]  # no other function calls the last one
     lines = right_sources[chatty_name].splitlines()
     docstring_end = max(i for i, line in enumerate(lines) if line.strip().endswith('"""'))
-    lines.insert(docstring_end + 1, '    print("debugging", file=__import__("sys").stderr)')
+    body = next(line for line in lines[docstring_end + 1 :] if line.strip())  # a class: its last method
+    indent = body[: len(body) - len(body.lstrip())]
+    lines.insert(docstring_end + 1, f'{indent}print("debugging", file=__import__("sys").stderr)')
     chatty = fill_solutions(release, {**right_sources, chatty_name: "\n".join(lines)})
     _answer_written_answers(chatty)
     chatty_expected = {
