@@ -33,8 +33,9 @@ class CrossAttention(MultiHeadAttention):
     ``w_v``, ``w_o``, and its ``load_torch_weights``); only ``forward`` differs: keys and values both come
     from ``source``. During decoding the source does not change from one step to the next, so its keys and
     values can be computed once per source sentence (``use_cache=True``). The cache remembers *which* source
-    it holds (the tensor itself and its in-place version counter) and is recomputed as soon as another source
-    comes: a cache that is reused for a new sentence silently attends to the old one.
+    it holds (the tensor itself and its in-place version counter; also the versions of ``w_k`` and ``w_v``
+    and the grad mode) and is recomputed as soon as another source comes: a cache that is reused for a new
+    sentence silently attends to the old one.
 
     Args:
         d_model: the width of the target, the source and the output.
@@ -47,7 +48,7 @@ class CrossAttention(MultiHeadAttention):
     Source: Vaswani et al. 2017, section 3.2.3.
     """
 
-    _cached: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
+    _cached: tuple[torch.Tensor, tuple, torch.Tensor, torch.Tensor] | None = None
 
     def forward(
         self,
@@ -92,13 +93,18 @@ class CrossAttention(MultiHeadAttention):
 
     def source_kv(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values of ``source``, ``[batch, n_heads, src_len, d_head]`` each, from the cache when
-        it holds this very tensor unchanged, else computed and cached."""
+        it holds this very tensor, unchanged, computed with the current weights and grad mode; else computed
+        and cached. The cache keeps ``source`` alive until :meth:`clear_cache`."""
+        state = (source._version, torch.is_grad_enabled(), *(p._version for p in self._source_parameters()))
         cached = self._cached
-        if cached is not None and cached[0] is source and cached[1] == source._version:
+        if cached is not None and cached[0] is source and cached[1] == state:
             return cached[2], cached[3]
         k, v = self._project_source(source)
-        self._cached = (source, source._version, k, v)
+        self._cached = (source, state, k, v)
         return k, v
+
+    def _source_parameters(self) -> list[torch.Tensor]:
+        return [*self.w_k.parameters(), *self.w_v.parameters()]  # an optimiser step changes their versions
 
     def clear_cache(self) -> None:
         """Forget the cached keys and values (at the end of a sentence, to free their memory)."""
