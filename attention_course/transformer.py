@@ -119,10 +119,18 @@ def load_torch_encoder_layer(
         ``block``, its parameters overwritten in place.
 
     Raises:
-        ValueError: if the sizes differ.
+        ValueError: if the sizes or the activations differ.
 
     Source: PyTorch's ``nn.TransformerEncoderLayer`` (its sub-module names).
     """
+    if block.linear1.weight.shape != torch_layer.linear1.weight.shape:
+        raise ValueError(
+            f"the feed-forward widths differ: {list(block.linear1.weight.shape)} and "
+            f"{list(torch_layer.linear1.weight.shape)}"
+        )
+    theirs = getattr(torch_layer, "activation", F.relu)
+    if (block.activation is F.gelu) != (theirs is F.gelu or isinstance(theirs, nn.GELU)):
+        raise ValueError("the activations differ (relu and gelu)")
     block.self_attn.load_torch_weights(torch_layer.self_attn)
     for name in ("linear1", "linear2", "norm1", "norm2"):
         getattr(block, name).load_state_dict(getattr(torch_layer, name).state_dict())
@@ -168,7 +176,8 @@ class TinyGPT(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.token_embedding.weight  # tied, as in GPT-2 (Press and Wolf 2017)
-        for name, parameter in self.named_parameters():  # GPT-2's initialisation: N(0, 0.02), zero biases
+        # GPT-2's N(0, 0.02) and zero biases, without its 1/sqrt(2 n_layers) scaling of residual projections
+        for name, parameter in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(parameter)
             elif parameter.dim() > 1:
@@ -257,7 +266,8 @@ def generate(
     At each step the whole sequence so far (its last ``model.max_len`` tokens, if the model has that
     attribute) goes through the model; the logits of the last position are divided by ``temperature``; with
     ``top_k``, all but the ``k`` largest are set to ``-inf``; the next token is drawn from their softmax with
-    ``torch.multinomial``. ``temperature == 0`` is greedy decoding: the argmax, no randomness.
+    ``torch.multinomial`` (logits tied with the ``k``-th largest are kept too). ``temperature == 0`` is greedy
+    decoding: the argmax, no randomness.
 
     Args:
         model: maps ``[batch, len]`` token ids to ``[batch, len, vocab]`` logits (a causal model).
