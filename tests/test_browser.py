@@ -339,17 +339,27 @@ def test_figures_are_shown_at_a_legible_size(visits, screen):
 
 
 def exercise_functions(number: str) -> list[str]:
-    """The functions that exercise ``number`` asks for: those defined in its solution cells."""
+    """The functions and classes that exercise ``number`` asks for: those its solution cells define."""
     (release,) = ROOT.glob(f"exercises/ex{number}_*/ex{number}_*.ipynb")
     cells = json.loads(release.read_text())["cells"]
     sources = [
         "".join(cell["source"]) for cell in cells if cell["metadata"].get("nbgrader", {}).get("solution")
     ]
-    return sorted({name for source in sources for name in re.findall(r"^def (\w+)\(", source, re.MULTILINE)})
+    found = (re.findall(r"^(?:def|class) (\w+)\b", source, re.MULTILINE) for source in sources)
+    return sorted({name for names in found for name in names})
 
 
 @pytest.mark.parametrize(
-    "chapter", ["01_soft_lookup", "02_scaled_dot_product", "03_masks", "04_multi_head", "05_grouped_query"]
+    "chapter",
+    [
+        "01_soft_lookup",
+        "02_scaled_dot_product",
+        "03_masks",
+        "04_multi_head",
+        "05_grouped_query",
+        "06_cross_attention",
+        "07_transformer_block",
+    ],
 )
 def test_chapters_fold_the_functions_an_exercise_asks_for(visits, chapter):
     """A chapter shows the key lines of what its exercise asks for; a whole function appears only folded

@@ -1,6 +1,6 @@
-// Where a chapter defines the functions an exercise asks for: one entry per <pre> that defines one.
+// Where a chapter defines the functions and classes an exercise asks for: one entry per <pre> that defines one.
 (names) => names.flatMap((name) => [...document.querySelectorAll("pre")]
-  .filter((pre) => pre.textContent.includes(`def ${name}(`))
+  .filter((pre) => [`def ${name}(`, `class ${name}(`, `class ${name}:`].some((d) => pre.textContent.includes(d)))
   .map((pre) => ({
     name,
     shown: pre.offsetWidth > 0 && pre.checkVisibility({visibilityProperty: true, opacityProperty: true}),
