@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from attention_course.checks.engine import (
     Check,
@@ -506,3 +507,59 @@ def module_check(
 
     is_3d = isinstance(mask, torch.Tensor) and mask.dim() == 3
     return Check(call, judge, on_raise=MODULE_TEXT["mask 3d"] if is_3d else "")
+
+
+# ==================================================================================================
+# PyTorch's transformer layers (ex06, ex07): their weights as data, and the layer built from them
+
+
+def layer_weight_names(attentions: Sequence[str], n_norms: int) -> tuple[str, ...]:
+    """The names of :func:`layer_weights`, in drawing order: ``<p>_in_w, <p>_in_b, <p>_out_w, <p>_out_b`` for
+    each attention ``p``, then ``linear1_w`` to ``linear2_b``, then ``norm<n>_w, norm<n>_b``."""
+    names = [f"{p}_{kind}_{wb}" for p in attentions for kind in ("in", "out") for wb in ("w", "b")]
+    names += [f"linear{n}_{wb}" for n in (1, 2) for wb in ("w", "b")]
+    return (*names, *(f"norm{n}_{wb}" for n in range(1, n_norms + 1) for wb in ("w", "b")))
+
+
+def layer_weights(
+    d_model: int,
+    d_ff: int,
+    attentions: Sequence[str],
+    n_norms: int,
+    *,
+    seed: int,
+    device,
+    dtype=torch.float64,
+) -> dict[str, torch.Tensor]:
+    """Weights of a PyTorch transformer layer (``nn.TransformerEncoderLayer``: attention ``("self",)`` and 2
+    norms; ``nn.TransformerDecoderLayer``: ``("self", "cross")`` and 3), drawn with a scale of 1/sqrt(fan_in),
+    the layer norms' near 1 and 0."""
+    d, f = d_model, d_ff
+    shapes = {"in_w": (3 * d, d), "in_b": (3 * d,), "out_w": (d, d), "out_b": (d,)}
+    shapes = {f"{p}_{name}": shape for p in attentions for name, shape in shapes.items()}
+    shapes |= {"linear1_w": (f, d), "linear1_b": (f,), "linear2_w": (d, f), "linear2_b": (d,)}
+    found = {
+        name: randn(shape, seed=seed + i, device=device, dtype=dtype) / math.sqrt(shape[-1])
+        for i, (name, shape) in enumerate(shapes.items())
+    }
+    for i in range(n_norms):
+        found[f"norm{i + 1}_w"] = 1 + 0.3 * randn((d,), seed=seed + 20 + 2 * i, device=device, dtype=dtype)
+        found[f"norm{i + 1}_b"] = 0.3 * randn((d,), seed=seed + 21 + 2 * i, device=device, dtype=dtype)
+    return found
+
+
+def load_layer_weights(layer: nn.Module, weights: dict[str, Any], attentions: dict[str, str]) -> nn.Module:
+    """Copy :func:`layer_weights` into a PyTorch layer in place; ``attentions`` maps each prefix to the
+    layer's ``nn.MultiheadAttention`` attribute (``{"self": "self_attn", "cross": "multihead_attn"}``)."""
+    with torch.no_grad():
+        for prefix, name in attentions.items():
+            attention = getattr(layer, name)
+            attention.in_proj_weight.copy_(weights[f"{prefix}_in_w"])
+            attention.in_proj_bias.copy_(weights[f"{prefix}_in_b"])
+            attention.out_proj.weight.copy_(weights[f"{prefix}_out_w"])
+            attention.out_proj.bias.copy_(weights[f"{prefix}_out_b"])
+        for name, module in layer.named_children():
+            if f"{name}_w" in weights:  # linear1, linear2, norm1, ...
+                module.weight.copy_(weights[f"{name}_w"])
+                module.bias.copy_(weights[f"{name}_b"])
+    return layer

@@ -573,3 +573,14 @@ def _count(result: Any, call: Call, d: int, h: int, bias: bool) -> None:
     }
     cause = wrong.get(result, "") if isinstance(result, int) else "return an int"
     fail(f"{call} returned {result!r}, expected {right:,}.", cause, expected=str(right), got=repr(result))
+
+
+def carried_over(part: Part, seed: int) -> Iterator[Check]:
+    """The checks of a later exercise's ``MultiHeadAttention``, carried over from this one: the module against
+    ``nn.MultiheadAttention``, no mask and a ``[batch, q_len, k_len]`` one (every mask in the hidden part)."""
+    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    for index, sizes in enumerate(cases):
+        for number, mask in enumerate(masks(sizes, seed + 10 * index, part.device)):
+            if part.hidden or number in (0, 2):
+                arguments = inputs(sizes, seed=seed + 10 * index, device=part.device, mask=mask)
+                yield module_check(part, arguments, sizes)

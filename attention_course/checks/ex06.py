@@ -113,12 +113,7 @@ def _mha_sizes(sizes: Sizes) -> tuple[int, ...]:
 def mha_carried_over(part: Part) -> Iterator[Check]:
     """Your MultiHeadAttention from exercise 4 (with load_torch_weights) computes what nn.MultiheadAttention
     computes given the same weights, with and without masks."""
-    cases = (ex04.VISIBLE,) if not part.hidden else ex04.HIDDEN
-    for index, sizes in enumerate(cases):
-        for number, mask in enumerate(ex04.masks(sizes, 130 + 10 * index, part.device)):
-            if part.hidden or number in (0, 2):
-                arguments = ex04.inputs(sizes, seed=130 + 10 * index, device=part.device, mask=mask)
-                yield ex04.module_check(part, arguments, sizes)
+    return ex04.carried_over(part, seed=130)
 
 
 # ==================================================================================================
@@ -393,53 +388,15 @@ def cross_from_scratch(part: Part) -> Iterator[Check]:
 # 3. the decoder layer
 
 
-LAYER_WEIGHTS = (
-    "self_in_w",
-    "self_in_b",
-    "self_out_w",
-    "self_out_b",
-    "cross_in_w",
-    "cross_in_b",
-    "cross_out_w",
-    "cross_out_b",
-    "linear1_w",
-    "linear1_b",
-    "linear2_w",
-    "linear2_b",
-    "norm1_w",
-    "norm1_b",
-    "norm2_w",
-    "norm2_b",
-    "norm3_w",
-    "norm3_b",
-)
+ATTENTIONS = {"self": "self_attn", "cross": "multihead_attn"}  # prefix -> nn.TransformerDecoderLayer's
+LAYER_WEIGHTS = family.layer_weight_names(ATTENTIONS, 3)
 
 
 def layer_weights(sizes: Sizes, *, seed: int, device, dtype=torch.float64) -> dict[str, torch.Tensor]:
     """Weights of ``nn.TransformerDecoderLayer(d_model, n_heads, d_ff)``, drawn (layer norms near 1 and 0)."""
-    d, f = sizes.d_model, sizes.d_ff
-    shapes = {
-        "self_in_w": (3 * d, d),
-        "self_in_b": (3 * d,),
-        "self_out_w": (d, d),
-        "self_out_b": (d,),
-        "cross_in_w": (3 * d, d),
-        "cross_in_b": (3 * d,),
-        "cross_out_w": (d, d),
-        "cross_out_b": (d,),
-        "linear1_w": (f, d),
-        "linear1_b": (f,),
-        "linear2_w": (d, f),
-        "linear2_b": (d,),
-    }
-    found = {
-        name: randn(shape, seed=seed + i, device=device, dtype=dtype) / math.sqrt(shape[-1])
-        for i, (name, shape) in enumerate(shapes.items())
-    }
-    for i, n in enumerate((1, 2, 3)):
-        found[f"norm{n}_w"] = 1 + 0.3 * randn((d,), seed=seed + 20 + 2 * i, device=device, dtype=dtype)
-        found[f"norm{n}_b"] = 0.3 * randn((d,), seed=seed + 21 + 2 * i, device=device, dtype=dtype)
-    return found
+    return family.layer_weights(
+        sizes.d_model, sizes.d_ff, ATTENTIONS, 3, seed=seed, device=device, dtype=dtype
+    )
 
 
 def build_torch_layer(arguments: dict[str, Any]) -> nn.TransformerDecoderLayer:
@@ -455,16 +412,7 @@ def build_torch_layer(arguments: dict[str, Any]) -> nn.TransformerDecoderLayer:
         device=w["x"].device,
         dtype=w["self_in_w"].dtype,
     )
-    with torch.no_grad():
-        for attention, prefix in ((layer.self_attn, "self"), (layer.multihead_attn, "cross")):
-            attention.in_proj_weight.copy_(w[f"{prefix}_in_w"])
-            attention.in_proj_bias.copy_(w[f"{prefix}_in_b"])
-            attention.out_proj.weight.copy_(w[f"{prefix}_out_w"])
-            attention.out_proj.bias.copy_(w[f"{prefix}_out_b"])
-        for name in ("linear1", "linear2", "norm1", "norm2", "norm3"):
-            getattr(layer, name).weight.copy_(w[f"{name}_w"])
-            getattr(layer, name).bias.copy_(w[f"{name}_b"])
-    return layer.eval()
+    return family.load_layer_weights(layer, w, ATTENTIONS).eval()
 
 
 def _prepare_layer(**arguments: Any) -> dict[str, Any]:

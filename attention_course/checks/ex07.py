@@ -112,54 +112,21 @@ HIDDEN = (Sizes(3, 5, 20, 5, 28), Sizes(1, 7, 8, 2, 12), Sizes(2, 4, 16, 4, 36))
 def mha_carried_over(part: Part) -> Iterator[Check]:
     """Your MultiHeadAttention from exercise 4 (with load_torch_weights) computes what nn.MultiheadAttention
     computes given the same weights, with and without masks."""
-    cases = (ex04.VISIBLE,) if not part.hidden else ex04.HIDDEN
-    for index, sizes in enumerate(cases):
-        for number, mask in enumerate(ex04.masks(sizes, 300 + 10 * index, part.device)):
-            if part.hidden or number in (0, 2):
-                arguments = ex04.inputs(sizes, seed=300 + 10 * index, device=part.device, mask=mask)
-                yield ex04.module_check(part, arguments, sizes)
+    return ex04.carried_over(part, seed=300)
 
 
 # ==================================================================================================
 # 2. the block: weights as data, the driver, PyTorch's answer, the mistakes
 
-BLOCK_WEIGHTS = (
-    "in_w",
-    "in_b",
-    "out_w",
-    "out_b",
-    "linear1_w",
-    "linear1_b",
-    "linear2_w",
-    "linear2_b",
-    "norm1_w",
-    "norm1_b",
-    "norm2_w",
-    "norm2_b",
-)
+ATTENTIONS = {"self": "self_attn"}  # prefix -> nn.TransformerEncoderLayer's attention
+BLOCK_WEIGHTS = family.layer_weight_names(ATTENTIONS, 2)
 
 
 def block_weights(sizes: Sizes, *, seed: int, device, dtype=torch.float64) -> dict[str, torch.Tensor]:
     """Weights of ``nn.TransformerEncoderLayer(d_model, n_heads, d_ff)`` (layer norms near 1 and 0)."""
-    d, f = sizes.d_model, sizes.d_ff
-    shapes = {
-        "in_w": (3 * d, d),
-        "in_b": (3 * d,),
-        "out_w": (d, d),
-        "out_b": (d,),
-        "linear1_w": (f, d),
-        "linear1_b": (f,),
-        "linear2_w": (d, f),
-        "linear2_b": (d,),
-    }
-    found = {
-        name: randn(shape, seed=seed + i, device=device, dtype=dtype) / math.sqrt(shape[-1])
-        for i, (name, shape) in enumerate(shapes.items())
-    }
-    for i, n in enumerate((1, 2)):
-        found[f"norm{n}_w"] = 1 + 0.3 * randn((d,), seed=seed + 20 + 2 * i, device=device, dtype=dtype)
-        found[f"norm{n}_b"] = 0.3 * randn((d,), seed=seed + 21 + 2 * i, device=device, dtype=dtype)
-    return found
+    return family.layer_weights(
+        sizes.d_model, sizes.d_ff, ATTENTIONS, 2, seed=seed, device=device, dtype=dtype
+    )
 
 
 def build_torch_block(arguments: dict[str, Any], dropout: float = 0.0) -> nn.TransformerEncoderLayer:
@@ -173,17 +140,9 @@ def build_torch_block(arguments: dict[str, Any], dropout: float = 0.0) -> nn.Tra
         batch_first=True,
         norm_first=w["norm_first"],
         device=w["x"].device,
-        dtype=w["in_w"].dtype,
+        dtype=w["self_in_w"].dtype,
     )
-    with torch.no_grad():
-        layer.self_attn.in_proj_weight.copy_(w["in_w"])
-        layer.self_attn.in_proj_bias.copy_(w["in_b"])
-        layer.self_attn.out_proj.weight.copy_(w["out_w"])
-        layer.self_attn.out_proj.bias.copy_(w["out_b"])
-        for name in ("linear1", "linear2", "norm1", "norm2"):
-            getattr(layer, name).weight.copy_(w[f"{name}_w"])
-            getattr(layer, name).bias.copy_(w[f"{name}_b"])
-    return layer.eval()
+    return family.load_layer_weights(layer, w, ATTENTIONS).eval()
 
 
 def _prepare_block(**arguments: Any) -> dict[str, Any]:
@@ -250,10 +209,10 @@ def block(arguments: dict[str, Any], row: Block = Block()) -> torch.Tensor:
 
     def attention(x: torch.Tensor) -> torch.Tensor:
         weights = {
-            "in_proj_weight": a["in_w"],
-            "in_proj_bias": a["in_b"],
-            "out_proj_weight": a["out_w"],
-            "out_proj_bias": a["out_b"],
+            "in_proj_weight": a["self_in_w"],
+            "in_proj_bias": a["self_in_b"],
+            "out_proj_weight": a["self_out_w"],
+            "out_proj_bias": a["self_out_b"],
         }
         call = {"d_model": a["d_model"], "n_heads": a["n_heads"], **weights, "query": x, "key": x, "value": x}
         return ex04.forward({**call, "mask": mask})[0]
