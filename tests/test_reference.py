@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_course import cross_attention, transformer  # the library's, beside the re-exported answers
+from attention_course import conv_heads, cross_attention, positions, transformer  # the library's
 from attention_course.device import seeded_generator
 from solutions import attention, grouped_query, masks, multi_head, pooling
 
@@ -421,3 +421,94 @@ def test_generate_on_cuda():
     generator = torch.Generator(device="cuda").manual_seed(1)
     sampled = transformer.generate(model, prompt.cuda(), 30, temperature=1.0, top_k=5, generator=generator)
     assert sampled.shape == (3, 34) and sampled.device.type == "cuda"
+
+
+def test_rope_is_hugging_face_llamas_and_the_conventions_are_one_permutation_apart():
+    """``apply_rope`` equals ``transformers``' ``apply_rotary_pos_emb`` (rotary embedding built from a config,
+    no download), with positions per sequence; the interleaved convention is the same rotation, permuted."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    rotary = LlamaRotaryEmbedding(
+        LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64)
+    )
+    query, key = (
+        randn(2, 4, 7, 16, seed=120, dtype=torch.float32),
+        randn(2, 4, 7, 16, seed=121, dtype=torch.float32),
+    )
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [9, 10, 11, 12, 13, 14, 15]])
+    expected_q, expected_k = apply_rotary_pos_emb(query, key, *rotary(query, position_ids))
+    torch.testing.assert_close(positions.apply_rope(query, position_ids), expected_q, atol=1e-5, rtol=0)
+    torch.testing.assert_close(positions.apply_rope(key, position_ids), expected_k, atol=1e-5, rtol=0)
+    x, perm = randn(3, 5, 8, seed=122), positions.rope_permutation(8)
+    at = torch.tensor([4, 0, 2, 9, 1])
+    interleaved = positions.apply_rope(x, at, interleaved=True)
+    torch.testing.assert_close(
+        positions.apply_rope(x[..., perm], at), interleaved[..., perm], atol=1e-12, rtol=0
+    )
+    with pytest.raises(ValueError, match="even"):
+        positions.apply_rope(randn(2, 3, 5, seed=1), torch.arange(3))
+    with pytest.raises(ValueError, match="positions must be"):
+        positions.apply_rope(x, torch.arange(4))
+
+
+@pytest.mark.parametrize(
+    ("n_heads", "exponents"), [(8, [-1, -2, -3, -4, -5, -6, -7, -8]), (6, [-2, -4, -6, -8, -1, -3])]
+)
+def test_alibi_slopes_and_bias(n_heads, exponents):
+    slopes = positions.alibi_slopes(n_heads, torch.float64)
+    assert slopes.tolist() == [2.0**e for e in exponents]
+    bias = positions.alibi_bias(n_heads, 3, 5, torch.float64)  # queries at positions 2, 3, 4
+    distance = torch.tensor([[j - i for j in range(5)] for i in (2, 3, 4)], dtype=torch.float64)
+    torch.testing.assert_close(bias, slopes.view(-1, 1, 1) * distance, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="at least 1"):
+        positions.alibi_slopes(0)
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3, 5])
+def test_attention_conv2d_is_conv2d(kernel_size):
+    x = randn(2, 3, 6, 7, seed=130)
+    weight, bias = randn(4, 3, kernel_size, kernel_size, seed=131), randn(4, seed=132)
+    expected = F.conv2d(x, weight, bias, padding=kernel_size // 2)
+    torch.testing.assert_close(
+        conv_heads.attention_conv2d(x, weight, bias, 50.0), expected, atol=1e-10, rtol=0
+    )
+    spread = conv_heads.attention_conv2d(x, weight, None, 1.0)  # alpha = 1: each head averages, no conv
+    assert (spread - F.conv2d(x, weight, padding=kernel_size // 2)).abs().max() > 0.1
+    x1, w1 = randn(2, 3, 9, seed=133), randn(4, 3, kernel_size, seed=134)
+    expected1 = F.conv1d(x1, w1, padding=kernel_size // 2)
+    torch.testing.assert_close(conv_heads.attention_conv1d(x1, w1, None, 50.0), expected1, atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="odd"):
+        conv_heads.attention_conv2d(x, randn(4, 3, 2, 2, seed=1))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_positions_and_conv_heads_on_cuda(dtype, no_tf32):
+    """RoPE, ALiBi, the positional model and the convolution heads on the GPU, against float64 on the CPU."""
+    x = randn(2, 4, 9, 16, seed=140)
+    at = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8, 9, 10, 11]])
+    for interleaved in (False, True):
+        expected = positions.apply_rope(x, at, interleaved=interleaved)
+        actual = positions.apply_rope(x.to("cuda", dtype), at.cuda(), interleaved=interleaved)
+        assert actual.dtype == dtype and actual.device.type == "cuda"
+        torch.testing.assert_close(actual.double().cpu(), expected, atol=10 * GPU_ATOL[dtype], rtol=0)
+    bias = positions.alibi_bias(8, 3, 6, dtype, "cuda")
+    assert bias.device.type == "cuda"
+    torch.testing.assert_close(
+        bias.double().cpu(), positions.alibi_bias(8, 3, 6, torch.float64), atol=GPU_ATOL[dtype], rtol=0
+    )
+    image, weight, b = randn(2, 3, 6, 5, seed=141), randn(4, 3, 3, 3, seed=142) / 3, randn(4, seed=143)
+    conv = F.conv2d(image, weight, b, padding=1)
+    on_gpu = [t.to("cuda", dtype) for t in (image, weight, b)]
+    heads = conv_heads.attention_conv2d(*on_gpu, 50.0)
+    torch.testing.assert_close(heads.double().cpu(), conv, atol=30 * GPU_ATOL[dtype], rtol=0)
+    torch.manual_seed(0)
+    for position in positions.POSITIONS:
+        model = positions.PositionalGPT(11, position, 32, 4, 2, 64, max_len=24).eval()
+        tokens = torch.randint(0, 11, (2, 20), generator=seeded_generator(144))
+        with torch.no_grad():
+            expected = model.double()(tokens)
+            actual = model.to("cuda", torch.float32)(tokens.cuda())
+        torch.testing.assert_close(actual.double().cpu(), expected, atol=1e-4, rtol=0)
