@@ -113,6 +113,20 @@ ASSIGNMENTS: dict[str, Assignment] = {
             checks="attention_course.checks.ex07",
             bank="tests.banks.ex07",
         ),
+        Assignment(
+            "ex08_positional",
+            "Positional information: sinusoids, RoPE and ALiBi",
+            reference="solutions.positions",
+            checks="attention_course.checks.ex08",
+            bank="tests.banks.ex08",
+        ),
+        Assignment(
+            "ex09_conv_heads",
+            "Attention heads that are convolutions",
+            reference="solutions.conv_heads",
+            checks="attention_course.checks.ex09",
+            bank="tests.banks.ex09",
+        ),
     )
 }
 

@@ -163,15 +163,11 @@ def _global_names(code: types.CodeType) -> set[str]:
 
 def implementation(exercise: Exercise, candidate: _bank.Implementation) -> Callable:
     """A bank implementation compiled as learner code after the setup cell, with the reference (as learner
-    code) of the exercise's classes that it uses, and of what those use in turn: ``gqa_from_mha`` builds a
-    ``GroupedQueryAttention``, whose ``forward`` calls ``repeat_kv``. A function the candidate calls directly
-    is left out, so that a bank function stands on its own as it does in a submission's cell."""
+    code) of the exercise's functions and classes that it uses, as the cells above it define them, and of
+    what those use in turn: ``gqa_from_mha`` builds a ``GroupedQueryAttention``, whose ``forward`` calls
+    ``repeat_kv``; ``alibi_bias`` calls ``alibi_slopes``."""
     sources = reference_sources(exercise)
-    wanted = {
-        name
-        for name in _global_names(compile(candidate.source, "<candidate>", "exec"))
-        if name in sources and inspect.isclass(getattr(exercise.reference, name))
-    }
+    wanted = set(_global_names(compile(candidate.source, "<candidate>", "exec"))) & set(sources)
     needed: dict[str, str] = {}
     while wanted:
         name = wanted.pop()

@@ -1,0 +1,291 @@
+"""Checks of exercise ex09: the quadratic relative encoding, and K^2 attention heads that are a convolution.
+
+The layer is judged twice: for a large ``alpha`` against ``F.conv2d(padding=K // 2)`` (the limit that
+Cordonnier, Loukas and Jaggi prove), and for small ``alpha`` against the attention formula written out here
+(each head's softmax over the keys of the zero-padded image), where it is *not* a convolution: a learner who
+returns ``F.conv2d`` or puts hard one-hot weights passes the first and fails the second, as they should. The
+known mistakes are rows of one parametrised computation, :func:`attention`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.checks import engine
+from attention_course.checks.engine import (
+    Check,
+    FromScratch,
+    Mistake,
+    Part,
+    assert_values,
+    behaviour,
+    randn,
+)
+
+TEXT = engine.table("""
+q minus k: the shift is q - k: the paper's (and the task's) is delta = k - q, the key's pixel minus the
+    query's
+features order: the features are in another order: r = (||delta||^2, delta_1, delta_2)
+columns first: delta_1 is the shift in columns: it is the shift in rows (delta_1), then in columns (delta_2)
+column-major: the pixels are numbered column by column: number them row by row, index = row * width + col (as
+    x.flatten(-2) does)
+norm not squared: the first feature is ||delta||, not its square ||delta||^2
+components squared: the last two features are squared: they are delta_1 and delta_2 themselves
+no padding: the image is not zero-padded: pad it by K // 2 (F.pad) so that the keys include the zeros around
+    it, as conv2d(padding=K // 2) does; otherwise the heads at the border look at the nearest pixel inside
+flipped: the kernel is flipped (a true convolution): head Delta attends to q - Delta, so the shift is q - k
+    somewhere, or the kernel index is reversed. conv2d is a cross-correlation: out[q] = sum_Delta W[Delta]
+    x[q + Delta], with delta = k - q
+transposed kernel: the kernel is transposed: weight[:, :, a, b] belongs to Delta = (a - K//2, b - K//2), a the
+    row shift and b the column shift
+alpha sign: the heads' vector has the wrong sign: v = -alpha (1, -2 Delta_1, -2 Delta_2), so that the score
+    -alpha ||delta - Delta||^2 is largest at delta = Delta
+shifts from zero: the shifts run from 0 to K - 1: they are centred, Delta = (a - K//2, b - K//2)
+bias per head: the bias is added by every head (K^2 times): add it once, after summing the heads
+no bias: the bias is not added
+softmax over queries: the softmax runs over the queries: each head's weights sum to 1 over the keys (dim=-1)
+hard: the result is the convolution itself, at this alpha too: with alpha = {alpha} each head's softmax
+    spreads its weight over a neighbourhood (weights exp(-alpha ||delta - Delta||^2), normalised), so the
+    layer is not a convolution. Compute the softmax of the scores; do not call F.conv2d or put one-hot weights
+encoding hw hw 3: the features of each pair are [||delta||^2, delta_1, delta_2]: that is the shape
+encoding h w h w 3: flatten the pixels: [H * W, H * W, 3], pixel index row * width + col
+encoding hw hw 2: the squared norm ||delta||^2 is missing: three features, (||delta||^2, delta_1, delta_2)
+encoding 3 hw hw: put the features last: [H * W, H * W, 3]
+conv batch c_in h w: the result has C_in channels: each head's value-output map is weight[:, :, a, b]^T,
+    [C_in, C_out]
+conv batch h w c_out: the channels are last: return [batch, C_out, height, width]
+conv batch c_out hw: reshape the pixels back into the image: [batch, C_out, height, width]
+""")
+HINTS = engine.hint_table("""
+mat1 and mat2 shapes | size of tensor | must match the size: each head maps the C_in channels of a pixel to
+    C_out with weight[:, :, a, b]^T, [C_in, C_out]; the checks use C_in != C_out
+""")
+RULE = FromScratch(
+    "the convolution as attention heads", ("conv1d", "conv2d", "conv3d", "convolution", "unfold")
+)
+
+
+# --- 1. the encoding
+
+
+def encoding(height: int, width: int, row: str = "") -> torch.Tensor:
+    """The quadratic relative encoding as a row computes it, float64 (check code)."""
+    rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    if row == "column-major":
+        rows, cols = rows.T, cols.T
+    pixels = torch.stack((rows.flatten(), cols.flatten()), dim=-1).double()  # [H * W, 2]
+    delta = pixels[None, :, :] - pixels[:, None, :]  # [query, key, 2]: k - q
+    if row == "q minus k":
+        delta = -delta
+    if row == "columns first":
+        delta = delta.flip(-1)
+    squared = delta.pow(2).sum(-1, keepdim=True)
+    if row == "norm not squared":
+        squared = squared.sqrt()
+    if row == "components squared":
+        delta = delta.pow(2)
+    if row == "features order":
+        return torch.cat((delta, squared), dim=-1)
+    return torch.cat((squared, delta), dim=-1)
+
+
+ENCODING_ROWS = ("q minus k", "features order", "columns first", "column-major", "norm not squared")
+ENCODING_ROWS += ("components squared",)
+# a 2 x 2 image, written out: pixels 0 (0, 0), 1 (0, 1), 2 (1, 0), 3 (1, 1); r[q, k] = (||k - q||^2, k - q)
+BY_HAND = [
+    [[0, 0, 0], [1, 0, 1], [1, 1, 0], [2, 1, 1]],
+    [[1, 0, -1], [0, 0, 0], [2, 1, -1], [1, 1, 0]],
+    [[1, -1, 0], [2, -1, 1], [0, 0, 0], [1, 0, 1]],
+    [[2, -1, -1], [1, -1, 0], [1, 0, -1], [0, 0, 0]],
+]
+
+
+def _encoding_hints(height: int, width: int) -> dict[tuple[int, ...], str]:
+    return engine.shapes(TEXT, "encoding", hw=height * width, h=height, w=width)
+
+
+@behaviour(function="quadratic_relative_encoding", points=1)
+def encoding_shape(part: Part) -> Iterator[Check]:
+    """quadratic_relative_encoding(height, width) returns a tensor [height * width, height * width, 3]."""
+    for height, width in ((2, 3), (4, 4)) if not part.hidden else ((1, 5), (3, 2), (5, 4)):
+        call = part.call(height=height, width=width)
+
+        def judge(result: Any, call=call, sizes=(height, width)) -> None:
+            n = sizes[0] * sizes[1]
+            engine.assert_shape(result, f"the result of {call}", (n, n, 3), _encoding_hints(*sizes))
+
+        yield Check(call, judge)
+
+
+@behaviour(function="quadratic_relative_encoding", points=2)
+def encoding_values(part: Part) -> Iterator[Check]:
+    """r[q, k] = (||delta||^2, delta_1, delta_2) with delta = k - q (rows, then columns), the pixels numbered
+    row by row."""
+    cases = ((2, 3), (2, 2), (3, 4)) if not part.hidden else ((1, 5), (4, 2), (5, 3))
+    for height, width in cases:
+        call = part.call(height=height, width=width)
+        if part.hidden:
+            expected = part.reference(height, width, dtype=torch.float64)
+        elif (height, width) == (2, 2):
+            expected = torch.tensor(BY_HAND, dtype=torch.float64)
+        else:
+            expected = encoding(height, width)
+
+        def judge(result: Any, call=call, expected=expected, sizes=(height, width)) -> None:
+            rows = [row for row in ENCODING_ROWS if not torch.equal(encoding(*sizes, row), expected)]
+            mistakes = lambda: (Mistake(TEXT[row], encoding(*sizes, row)) for row in rows)  # noqa: E731
+            where = f"the encoding returned by {call}"
+            if isinstance(result, torch.Tensor) and not result.is_floating_point():
+                result = result.double()  # integer shifts are exact: any dtype will do
+            assert_values(result, expected, where, mistakes=mistakes, hints=_encoding_hints(*sizes))
+
+        yield Check(call, judge)
+
+
+# --- 2. the layer
+
+
+def attention(x: torch.Tensor, weight: torch.Tensor, bias, alpha: float, row: str = "") -> torch.Tensor:
+    """K^2 positional heads as a row computes them, in float64 (check code, written apart from the
+    reference): head Delta's weights are softmax_k(-alpha ||k - q - Delta||^2) over the padded image."""
+    x, weight = x.double(), weight.double()
+    c_out, _, k, _ = weight.shape
+    batch, _, height, width = x.shape
+    pad = 0 if row == "no padding" else k // 2
+    padded = F.pad(x, (pad,) * 4)
+    grid = lambda h, w, offset=0: torch.cartesian_prod(torch.arange(h), torch.arange(w)).double() + offset  # noqa: E731
+    queries = grid(height, width, pad)  # [HW, 2]: the original pixels, in padded coordinates
+    keys = grid(height + 2 * pad, width + 2 * pad)  # [keys, 2]
+    delta = keys[None, :, :] - queries[:, None, :]  # [HW, keys, 2]
+    if row == "flipped":
+        delta = -delta
+    centre = 0 if row == "shifts from zero" else k // 2
+    out = torch.zeros(batch, height * width, c_out, dtype=torch.float64)
+    values = padded.flatten(2).transpose(1, 2)  # [batch, keys, C_in]
+    for a, b in itertools.product(range(k), range(k)):
+        shift = torch.tensor([a - centre, b - centre], dtype=torch.float64)
+        scores = -alpha * (delta - shift).pow(2).sum(-1)  # [HW, keys]
+        if row == "alpha sign":
+            scores = -scores
+        weights = torch.softmax(scores, dim=-2 if row == "softmax over queries" else -1)
+        kernel = weight[:, :, b, a] if row == "transposed kernel" else weight[:, :, a, b]  # [C_out, C_in]
+        out = out + weights @ values @ kernel.T
+        if row == "bias per head" and bias is not None:
+            out = out + bias.double()
+    if bias is not None and row not in ("no bias", "bias per head"):
+        out = out + bias.double()
+    return out.transpose(1, 2).reshape(batch, c_out, height, width)
+
+
+CONV_ROWS = ("no padding", "flipped", "transposed kernel", "alpha sign", "shifts from zero", "bias per head")
+CONV_ROWS += ("no bias", "softmax over queries")
+# (batch, C_in, C_out, height, width, K): every size different
+VISIBLE = ((2, 3, 4, 5, 6, 3), (1, 2, 3, 4, 7, 3))
+HIDDEN = ((2, 3, 2, 6, 5, 5), (3, 1, 4, 4, 4, 3), (1, 4, 5, 3, 8, 1), (2, 2, 3, 7, 3, 3))
+
+
+def _inputs(part: Part, sizes, seed: int, dtype=torch.float64, bias=True) -> dict[str, Any]:
+    batch, c_in, c_out, height, width, k = sizes
+    x = randn((batch, c_in, height, width), seed=seed, device=part.device, dtype=dtype)
+    weight = randn((c_out, c_in, k, k), seed=seed + 1, device=part.device, dtype=dtype) / k
+    b = randn((c_out,), seed=seed + 2, device=part.device, dtype=dtype) if bias else None
+    return {"x": x, "weight": weight, "bias": b}
+
+
+def _conv_check(part: Part, arguments: dict[str, Any], alpha: float, expected, label: str = "") -> Check:
+    call = part.call(label, **arguments, alpha=alpha)
+    x, weight, bias = (arguments[name] for name in ("x", "weight", "bias"))
+    sizes = x.size(0), x.size(1), weight.size(0), x.size(2), x.size(3)
+    rows = [row for row in CONV_ROWS if not (row in ("no bias", "bias per head") and bias is None)]
+
+    def judge(result: Any) -> None:
+        def mistakes() -> Iterator[Mistake]:
+            for row in rows:
+                yield Mistake(TEXT[row], attention(x.cpu(), weight.cpu(), _cpu(bias), alpha, row))
+            if alpha < 10:
+                conv = F.conv2d(x.double(), weight.double(), _double(bias), padding=weight.size(-1) // 2)
+                yield Mistake(TEXT["hard"].format(alpha=alpha), conv)
+
+        batch, c_in, c_out, height, width = sizes
+        hints = engine.shapes(TEXT, "conv", batch=batch, c_in=c_in, c_out=c_out, h=height, w=width)
+        hints |= engine.shapes(TEXT, "conv", batch=batch, c_out=c_out, hw=height * width)
+        assert_values(
+            result, expected, f"the result of {call}", dtype=x.dtype, mistakes=mistakes, hints=hints
+        )
+
+    return Check(call, judge, untouched=True)
+
+
+def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.cpu()
+
+
+def _double(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.double()
+
+
+@behaviour(function="attention_conv2d", points=1, hints=HINTS)
+def conv_shapes(part: Part) -> Iterator[Check]:
+    """attention_conv2d(x [batch, C_in, height, width], weight [C_out, C_in, K, K], bias, alpha) returns
+    [batch, C_out, height, width]."""
+    for index, sizes in enumerate(VISIBLE if not part.hidden else HIDDEN):
+        arguments = _inputs(part, sizes, seed=10 * index, dtype=torch.float32)
+        call = part.call(**arguments, alpha=50.0)
+
+        def judge(result: Any, call=call, sizes=sizes) -> None:
+            batch, c_in, c_out, height, width, _ = sizes
+            hints = engine.shapes(TEXT, "conv", batch=batch, c_in=c_in, c_out=c_out, h=height, w=width)
+            hints |= engine.shapes(TEXT, "conv", batch=batch, c_out=c_out, hw=height * width)
+            engine.assert_shape(result, f"the result of {call}", (batch, c_out, height, width), hints)
+
+        yield Check(call, judge, untouched=True)
+
+
+@behaviour(function="attention_conv2d", points=3, hints=HINTS)
+def conv_matches_conv2d(part: Part) -> Iterator[Check]:
+    """With alpha = 50 the K^2 heads compute F.conv2d(x, weight, bias, padding=K // 2): a 3 x 3 kernel (and,
+    hidden, 1 x 1 and 5 x 5), with and without bias."""
+    cases = VISIBLE if not part.hidden else HIDDEN
+    for index, sizes in enumerate(cases):
+        for bias in (True, False):
+            dtypes = (torch.float64,) if not part.hidden else (torch.float64, torch.float32)
+            for dtype in dtypes:
+                arguments = _inputs(part, sizes, seed=100 + 10 * index, dtype=dtype, bias=bias)
+                x, weight, b = (arguments[name] for name in ("x", "weight", "bias"))
+                expected = F.conv2d(x.double(), weight.double(), _double(b), padding=weight.size(-1) // 2)
+                yield _conv_check(part, arguments, 50.0, expected)
+
+
+@behaviour(function="attention_conv2d", points=2, hints=HINTS)
+def conv_is_attention(part: Part) -> Iterator[Check]:
+    """With a small alpha (1, 0.5, 3) each head's softmax spreads over a neighbourhood of q + Delta: the
+    layer is attention, softmax_k(-alpha ||k - q - Delta||^2) over the zero-padded image, not a
+    convolution."""
+    cases = [(VISIBLE[0], 1.0), (VISIBLE[1], 0.5)]
+    if part.hidden:
+        cases = [(HIDDEN[0], 1.0), (HIDDEN[1], 3.0), (HIDDEN[3], 0.25)]
+    for index, (sizes, alpha) in enumerate(cases):
+        arguments = _inputs(part, sizes, seed=300 + 10 * index)
+        if part.hidden:
+            expected = part.reference(**{k: _double(v) for k, v in arguments.items()}, alpha=alpha)
+        else:
+            expected = attention(*(_cpu(arguments[name]) for name in ("x", "weight", "bias")), alpha)
+        yield _conv_check(part, arguments, alpha, expected)
+
+
+@behaviour(function="attention_conv2d", points=1, hints=HINTS)
+def conv_from_scratch(part: Part) -> Iterator[Check]:
+    """attention_conv2d is correct and calls no convolution (F.conv2d, F.unfold, ...): the heads do
+    the work."""
+    if not part.hidden:
+        yield from engine.correct_first(conv_matches_conv2d.plan(part), part.function)
+    sizes = VISIBLE if not part.hidden else HIDDEN
+    calls = [
+        part.call(**_inputs(part, s, seed=500 + i), alpha=a) for i, s in enumerate(sizes) for a in (1.0, 50.0)
+    ]
+    yield RULE.check(calls)

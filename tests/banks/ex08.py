@@ -1,0 +1,426 @@
+"""Implementations of exercise ex08 that a learner could plausibly write: wrong ones and right ones.
+
+Every implementation is self-contained (``torch``, ``math``, ``nn`` and ``F`` of the setup cell), so that its
+source is also a submission's solution cell. ``ROWS`` are one-line mistakes applied to ``BASES``; ``WHOLE``
+holds mistakes of another structure; ``RIGHT`` correct implementations in other styles, which every cell must
+accept. Expectations name *exactly* the test cells that reject an implementation (see ``_bank.py``).
+"""
+
+import math
+
+import torch
+
+from tests.banks._bank import Row
+
+BASES = {
+    "sinusoidal_encoding": """def sinusoidal_encoding(max_len, d_model):
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+    div_term = 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(position / div_term)
+    pe[:, 1::2] = torch.cos(position / div_term)
+    return pe
+""",
+    "apply_rope": """def apply_rope(x, positions, base=10000.0, interleaved=False):
+    d = x.size(-1)
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device, dtype=work) / d))
+    freqs = positions.to(work)[..., None] * inv_freq
+    if positions.dim() == 2:
+        for _ in range(x.dim() - 3):
+            freqs = freqs.unsqueeze(1)
+    if interleaved:
+        emb = freqs.repeat_interleave(2, dim=-1)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        rotated = torch.stack((-x2, x1), dim=-1).flatten(-2)
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        rotated = torch.cat((-x2, x1), dim=-1)
+    return (x * emb.cos() + rotated * emb.sin()).to(x.dtype)
+""",
+    "alibi_slopes": """def alibi_slopes(n_heads):
+    def power_of_2_slopes(n):
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        slopes = power_of_2_slopes(n_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(n_heads))
+        slopes = power_of_2_slopes(closest) + power_of_2_slopes(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes)
+""",
+    "alibi_bias": """def alibi_bias(n_heads, q_len, k_len):
+    slopes = alibi_slopes(n_heads)
+    query_pos = torch.arange(q_len) + (k_len - q_len)
+    key_pos = torch.arange(k_len)
+    distance = key_pos[None, :] - query_pos[:, None]
+    return slopes[:, None, None] * distance
+""",
+}
+
+
+def every(cells, fragment):
+    return dict.fromkeys(cells, fragment)
+
+
+SIN_COS = (
+    "    pe[:, 0::2] = torch.sin(position / div_term)\n    pe[:, 1::2] = torch.cos(position / div_term)\n"
+)
+DEFAULT_ROPE = ("rope_half_split", "rope_batched_positions", "rope_dtype_device")
+ROPE_VALUES = ("rope_half_split", "rope_interleaved", "rope_batched_positions")
+SLOPES = ("alibi_slopes_power_of_two", "alibi_slopes_other_counts")
+BIAS = ("alibi_bias_square", "alibi_bias_bottom_right")
+
+ROWS = [
+    Row(
+        "sinusoidal_encoding",
+        "cos_sin_swapped",
+        SIN_COS,
+        SIN_COS.replace("sin", "COS").replace("cos", "sin").replace("COS", "cos"),
+        {"sinusoidal_values": "sines and cosines are swapped"},
+    ),
+    Row(
+        "sinusoidal_encoding",
+        "halves",
+        SIN_COS,
+        SIN_COS.replace("0::2", ": d_model // 2").replace("1::2", "d_model // 2 :"),
+        {"sinusoidal_values": "tensor2tensor's layout"},
+    ),
+    Row(
+        "sinusoidal_encoding",
+        "double_exponent",
+        "(torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)",
+        "(2 * torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)",
+        {"sinusoidal_values": "the exponent is doubled"},
+    ),
+    Row(
+        "sinusoidal_encoding",
+        "base_multiplied",
+        SIN_COS,
+        SIN_COS.replace("/ div_term", "* div_term"),
+        {"sinusoidal_values": "*divided* by it"},
+    ),
+    Row(
+        "sinusoidal_encoding",
+        "from_one",
+        "torch.arange(max_len, dtype=torch.float32)",
+        "torch.arange(1, max_len + 1, dtype=torch.float32)",
+        {"sinusoidal_values": "the positions start at 1"},
+    ),
+    Row(
+        "sinusoidal_encoding",
+        "batch_axis",
+        "    return pe\n",
+        "    return pe.unsqueeze(0)\n",
+        {"sinusoidal_values": "no batch axis"},
+    ),
+    Row(
+        "sinusoidal_encoding",
+        "transposed",
+        "    return pe\n",
+        "    return pe.T\n",
+        {"sinusoidal_values": "the axes are swapped"},
+    ),
+    Row(
+        "apply_rope",
+        "always_half_split",
+        "    if interleaved:\n",
+        "    if False:\n",
+        {"rope_interleaved": "(x[i], x[i + d/2]) (rotate_half) where interleaved=True"},
+    ),
+    Row(
+        "apply_rope",
+        "always_interleaved",
+        "    if interleaved:\n",
+        "    if True:\n",
+        {
+            **every(DEFAULT_ROPE[:2], "(the paper's interleaved convention)"),
+            "rope_dtype_device": "does not match",
+        },
+    ),
+    Row(
+        "apply_rope",
+        "reversed",
+        "rotated = torch.cat((-x2, x1), dim=-1)",
+        "rotated = torch.cat((x2, -x1), dim=-1)",
+        {**every(DEFAULT_ROPE[:2], "the rotation goes the wrong way"), "rope_dtype_device": "does not match"},
+    ),
+    Row(
+        "apply_rope",
+        "repeat_with_halves",
+        "emb = torch.cat((freqs, freqs), dim=-1)",
+        "emb = freqs.repeat_interleave(2, dim=-1)",
+        {**every(DEFAULT_ROPE[:2], "repeated pairwise"), "rope_dtype_device": "does not match"},
+    ),
+    Row(
+        "apply_rope",
+        "cat_with_pairs",
+        "emb = freqs.repeat_interleave(2, dim=-1)",
+        "emb = torch.cat((freqs, freqs), dim=-1)",
+        {"rope_interleaved": "repeat each angle twice"},
+    ),
+    Row(
+        "apply_rope",
+        "exponent_i_over_d",
+        "torch.arange(0, d, 2, device=x.device, dtype=work) / d",
+        "torch.arange(0, d // 2, device=x.device, dtype=work) / d",
+        {**every(ROPE_VALUES, "theta_i = base^(-2i / d)"), "rope_dtype_device": "does not match"},
+    ),
+    Row(
+        "apply_rope",
+        "base_multiplied",
+        "1.0 / (base ** (",
+        "(base ** (",
+        {**every(ROPE_VALUES, "less than 1"), "rope_dtype_device": "does not match"},
+    ),
+    Row(
+        "apply_rope",
+        "base_ignored",
+        "1.0 / (base ** (",
+        "1.0 / (10000.0 ** (",
+        every(ROPE_VALUES[:2], "the base argument is ignored"),
+    ),
+    Row(
+        "apply_rope",
+        "positions_ignored",
+        "positions.to(work)[..., None]",
+        "torch.arange(x.size(-2), device=x.device, dtype=work)[..., None]",
+        {**every(ROPE_VALUES[:2], "the positions argument is ignored"), ROPE_VALUES[2]: "do not line up"},
+    ),
+    Row(
+        "apply_rope",
+        "outer",
+        "positions.to(work)[..., None] * inv_freq",
+        "torch.outer(positions.to(work), inv_freq)",
+        {"rope_batched_positions": "positions[..., None] * theta"},
+    ),
+    Row(
+        "apply_rope",
+        "batched_without_head_axis",
+        "    if positions.dim() == 2:\n        for _ in range(x.dim() - 3):\n"
+        "            freqs = freqs.unsqueeze(1)\n",
+        "",
+        {"rope_batched_positions": "the angles do not line up with x"},
+    ),
+    Row(
+        "apply_rope",
+        "not_cast_back",
+        "    return (x * emb.cos() + rotated * emb.sin()).to(x.dtype)\n",
+        "    return x * emb.cos() + rotated * emb.sin()\n",
+        {"rope_dtype_device": "the dtype must follow the inputs"},
+    ),
+    Row(
+        "alibi_slopes",
+        "geometric_for_every_count",
+        "    if math.log2(n_heads).is_integer():\n",
+        "    if True:\n",
+        {"alibi_slopes_other_counts": "only the rule for powers of two"},
+    ),
+    Row(
+        "alibi_slopes",
+        "first_extra_slopes",
+        "[0::2][: n_heads - closest]",
+        "[: n_heads - closest]",
+        {"alibi_slopes_other_counts": "take every other one"},
+    ),
+    Row(
+        "alibi_slopes",
+        "from_zero",
+        "start ** (i + 1)",
+        "start ** i",
+        every(SLOPES, "the first slope is 2^0 = 1"),
+    ),
+    Row(
+        "alibi_slopes",
+        "reversed",
+        "    return torch.tensor(slopes)\n",
+        "    return torch.tensor(slopes[::-1])\n",
+        every(SLOPES, "reverse order"),
+    ),
+    Row(
+        "alibi_slopes",
+        "list",
+        "    return torch.tensor(slopes)\n",
+        "    return slopes\n",
+        every(SLOPES, "torch.tensor(slopes)"),
+    ),
+    Row(
+        "alibi_slopes",
+        "broadcast_axes",
+        "    return torch.tensor(slopes)\n",
+        "    return torch.tensor(slopes)[:, None, None]\n",
+        every(SLOPES, "without the axes for broadcasting"),
+    ),
+    Row(
+        "alibi_bias",
+        "sign",
+        "distance = key_pos[None, :] - query_pos[:, None]",
+        "distance = query_pos[:, None] - key_pos[None, :]",
+        every(BIAS, "the wrong sign"),
+    ),
+    Row(
+        "alibi_bias",
+        "top_left",
+        " + (k_len - q_len)",
+        "",
+        {"alibi_bias_bottom_right": "bottom-right"},
+    ),
+    Row(
+        "alibi_bias",
+        "nearest_penalised",
+        "distance = key_pos[None, :] - query_pos[:, None]",
+        "distance = -key_pos[None, :].expand(q_len, k_len)",
+        every(BIAS, "penalises the nearest"),
+    ),
+    Row(
+        "alibi_bias",
+        "authors_m_j",
+        "distance = key_pos[None, :] - query_pos[:, None]",
+        "distance = key_pos[None, :].expand(q_len, k_len)",
+        every(BIAS, "the same for every query"),
+    ),
+    Row(
+        "alibi_bias",
+        "symmetric",
+        "distance = key_pos[None, :] - query_pos[:, None]",
+        "distance = -(key_pos[None, :] - query_pos[:, None]).abs()",
+        every(BIAS, "a variant for encoders"),
+    ),
+    Row(
+        "alibi_bias",
+        "batch_axis",
+        "    return slopes[:, None, None] * distance\n",
+        "    return (slopes[:, None, None] * distance).unsqueeze(0)\n",
+        every(BIAS, "without the batch axis"),
+    ),
+]
+
+
+# --- mistakes of another structure
+
+
+def sinusoidal_encoding__feature_exponent(max_len, d_model):
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+    div_term = 10000.0 ** (torch.arange(d_model, dtype=torch.float32) / d_model)  # one per feature
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(position / div_term[0::2])
+    pe[:, 1::2] = torch.cos(position / div_term[1::2])
+    return pe
+
+
+def alibi_slopes__seed(n_heads):
+    return torch.tensor([2.0 ** (-8 - i) for i in range(n_heads)])
+
+
+def alibi_bias__hand_loops(n_heads, q_len, k_len):
+    slopes = alibi_slopes(n_heads)  # noqa: F821 (the notebook's own)
+    bias = torch.zeros(n_heads, q_len, k_len)
+    for i in range(q_len):
+        for j in range(i + 1):  # only the causal part: the rest stays 0
+            bias[:, i, j] = slopes * (j - i)
+    return bias
+
+
+WHOLE = {
+    sinusoidal_encoding__feature_exponent: {"sinusoidal_values": "pair i (features 2i and"},
+    alibi_slopes__seed: every(SLOPES, "128 to 32768 times too small"),
+    alibi_bias__hand_loops: {
+        "alibi_bias_square": "the bias of later keys",
+        "alibi_bias_bottom_right": "does not match",
+    },
+}
+
+
+# --- right implementations in other styles
+
+
+def sinusoidal_encoding__exp_log(max_len, d_model):
+    position = torch.arange(0, max_len).unsqueeze(1).double()
+    div_term = torch.exp(torch.arange(0, d_model, 2).double() * (-math.log(10000.0) / d_model))
+    pe = torch.empty(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term)
+    return pe.float()
+
+
+def sinusoidal_encoding__python_loops(max_len, d_model):
+    rows = []
+    for pos in range(max_len):
+        row = []
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            row += [math.sin(angle), math.cos(angle)]
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64).reshape(max_len, d_model)
+
+
+def apply_rope__complex(x, positions, base=10000.0, interleaved=False):
+    # Meta's LLaMA style: pairs as complex numbers, multiplied by e^(i p theta)
+    d = x.size(-1)
+    order = torch.arange(d, device=x.device)
+    if not interleaved:  # (x[i], x[i + d/2]) -> adjacent pairs
+        order = torch.stack((order[: d // 2], order[d // 2 :]), dim=-1).flatten()
+    wide = torch.float64
+    theta = torch.tensor([base ** (-2 * i / d) for i in range(d // 2)], dtype=wide, device=x.device)
+    angles = positions.to(wide).unsqueeze(-1) * theta
+    while angles.dim() < x.dim():
+        angles = angles.unsqueeze(-3) if positions.dim() == 2 else angles.unsqueeze(0)
+    pairs = torch.view_as_complex(x[..., order].to(wide).reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    turned = torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+    out = torch.empty_like(turned)
+    out[..., order] = turned
+    return out.to(x.dtype)
+
+
+def apply_rope__einsum_rotation(x, positions, base=10000.0, interleaved=False):
+    # an explicit 2x2 rotation matrix per pair, applied with einsum
+    d = x.size(-1)
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    i = torch.arange(d // 2, device=x.device, dtype=dtype)
+    angles = positions.to(dtype)[..., None] * torch.exp(-2 * i / d * math.log(base))
+    if positions.dim() == 2:
+        angles = angles.reshape(angles.size(0), *([1] * (x.dim() - 3)), *angles.shape[1:])
+    cos, sin = angles.cos(), angles.sin()
+    rotation = torch.stack(
+        (torch.stack((cos, -sin), -1), torch.stack((sin, cos), -1)), -2
+    )  # [..., d/2, 2, 2]
+    if interleaved:
+        pairs = x.to(dtype).unflatten(-1, (d // 2, 2))
+        return torch.einsum("...pab,...pb->...pa", rotation, pairs).flatten(-2).to(x.dtype)
+    pairs = x.to(dtype).unflatten(-1, (2, d // 2)).transpose(-1, -2)  # [..., d/2, 2]
+    turned = torch.einsum("...pab,...pb->...pa", rotation, pairs)
+    return turned.transpose(-1, -2).flatten(-2).to(x.dtype)
+
+
+def alibi_slopes__fairseq_recursive(n_heads):
+    def get_slopes(n):
+        def power_of_2(n):
+            start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+            return [start * start**i for i in range(n)]
+
+        if math.log2(n).is_integer():
+            return power_of_2(n)
+        closest = 2 ** math.floor(math.log2(n))
+        return power_of_2(closest) + get_slopes(2 * closest)[0::2][: n - closest]
+
+    return torch.tensor(get_slopes(n_heads), dtype=torch.float64)
+
+
+def alibi_bias__outer_difference(n_heads, q_len, k_len):
+    slopes = alibi_slopes(n_heads).double()  # noqa: F821 (the notebook's own)
+    offset = k_len - q_len
+    rows = torch.arange(q_len, dtype=torch.float64)[:, None] + offset
+    cols = torch.arange(k_len, dtype=torch.float64)[None, :]
+    return torch.einsum("h,ij->hij", slopes, cols - rows)
+
+
+RIGHT = [
+    sinusoidal_encoding__exp_log,
+    sinusoidal_encoding__python_loops,
+    apply_rope__complex,
+    apply_rope__einsum_rotation,
+    alibi_slopes__fairseq_recursive,
+    alibi_bias__outer_difference,
+]

@@ -1,0 +1,323 @@
+"""Implementations of exercise ex09 that a learner could plausibly write: wrong ones and right ones.
+
+Every implementation is self-contained (``torch``, ``math``, ``nn`` and ``F`` of the setup cell, and the
+notebook's own functions above it), so that its source is also a submission's solution cell. ``ROWS`` are
+one-line mistakes applied to ``BASES``; ``WHOLE`` holds mistakes of another structure; ``RIGHT`` correct
+implementations in other styles, which every cell must accept. Expectations name *exactly* the test cells that
+reject an implementation (see ``_bank.py``).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from tests.banks._bank import Row
+
+BASES = {
+    "quadratic_relative_encoding": """def quadratic_relative_encoding(height, width):
+    rows = torch.arange(height).repeat_interleave(width)
+    cols = torch.arange(width).repeat(height)
+    d1 = rows[None, :] - rows[:, None]
+    d2 = cols[None, :] - cols[:, None]
+    return torch.stack((d1**2 + d2**2, d1, d2), dim=-1).float()
+""",
+    "attention_conv2d": """def attention_conv2d(x, weight, bias, alpha):
+    c_out, _, k, _ = weight.shape
+    batch, _, height, width = x.shape
+    pad = k // 2
+    padded = F.pad(x, (pad, pad, pad, pad))
+    r = quadratic_relative_encoding(height + 2 * pad, width + 2 * pad).to(x)
+    index = torch.arange(height + 2 * pad).view(-1, 1) * (width + 2 * pad) + torch.arange(width + 2 * pad)
+    r = r[index[pad : pad + height, pad : pad + width].flatten()]
+    values = padded.flatten(2).transpose(1, 2)
+    out = 0
+    for a in range(k):
+        for b in range(k):
+            v = torch.tensor([1.0, -2.0 * (a - k // 2), -2.0 * (b - k // 2)], dtype=x.dtype, device=x.device)
+            v = -alpha * v
+            weights = torch.softmax(r @ v, dim=-1)
+            out = out + weights @ values @ weight[:, :, a, b].T
+    if bias is not None:
+        out = out + bias
+    return out.transpose(1, 2).reshape(batch, c_out, height, width)
+""",
+}
+
+MUST_BE_CORRECT = "must be correct before it counts as written from scratch"
+VALUES = ("conv_matches_conv2d", "conv_is_attention", "conv_from_scratch")
+ENCODING = ("encoding_shape", "encoding_values")
+STACK = "(d1**2 + d2**2, d1, d2)"
+
+
+def every(cells, fragment):
+    return dict.fromkeys(cells, fragment)
+
+
+def values(fragment, limit="", attention=""):
+    """The value cells: conv2d's with ``fragment``, attention's with ``attention`` (default the same)."""
+    return {
+        "conv_matches_conv2d": limit or fragment,
+        "conv_is_attention": attention or fragment,
+        "conv_from_scratch": MUST_BE_CORRECT,
+    }
+
+
+ROWS = [
+    Row(
+        "quadratic_relative_encoding",
+        "q_minus_k",
+        "d1 = rows[None, :] - rows[:, None]\n    d2 = cols[None, :] - cols[:, None]",
+        "d1 = rows[:, None] - rows[None, :]\n    d2 = cols[:, None] - cols[None, :]",
+        {"encoding_values": "the shift is q - k"},
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "features_order",
+        STACK,
+        "(d1, d2, d1**2 + d2**2)",
+        {"encoding_values": "the features are in another order"},
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "columns_first",
+        STACK,
+        "(d1**2 + d2**2, d2, d1)",
+        {"encoding_values": "delta_1 is the shift in columns"},
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "column_major",
+        "rows = torch.arange(height).repeat_interleave(width)\n    cols = torch.arange(width).repeat(height)",
+        "rows = torch.arange(height).repeat(width)\n    cols = torch.arange(width).repeat_interleave(height)",
+        {"encoding_values": "numbered column by column"},
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "norm_not_squared",
+        STACK,
+        "((d1**2 + d2**2) ** 0.5, d1, d2)",
+        {"encoding_values": "not its square"},
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "components_squared",
+        STACK,
+        "(d1**2 + d2**2, d1**2, d2**2)",
+        {"encoding_values": "the last two features are squared"},
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "no_squared_norm",
+        STACK,
+        "(d1, d2)",
+        every(ENCODING, "the squared norm ||delta||^2 is missing"),
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "image_axes_kept",
+        "    return torch.stack((d1**2 + d2**2, d1, d2), dim=-1).float()\n",
+        "    out = torch.stack((d1**2 + d2**2, d1, d2), dim=-1).float()\n"
+        "    return out.view(height, width, height, width, 3)\n",
+        every(ENCODING, "flatten the pixels"),
+    ),
+    Row(
+        "attention_conv2d",
+        "no_padding",
+        "    pad = k // 2\n",
+        "    pad = 0\n",
+        values("the image is not zero-padded"),
+    ),
+    Row(
+        "attention_conv2d",
+        "flipped_kernel",
+        "weight[:, :, a, b].T",
+        "weight[:, :, k - 1 - a, k - 1 - b].T",
+        values("the kernel is flipped"),
+    ),
+    Row(
+        "attention_conv2d",
+        "transposed_kernel",
+        "weight[:, :, a, b].T",
+        "weight[:, :, b, a].T",
+        values("the kernel is transposed"),
+    ),
+    Row(
+        "attention_conv2d",
+        "alpha_sign",
+        "v = -alpha * v",
+        "v = alpha * v",
+        values("the wrong sign"),
+    ),
+    Row(
+        "attention_conv2d",
+        "shifts_from_zero",
+        "[1.0, -2.0 * (a - k // 2), -2.0 * (b - k // 2)]",
+        "[1.0, -2.0 * a, -2.0 * b]",
+        values("the shifts run from 0 to K - 1"),
+    ),
+    Row(
+        "attention_conv2d",
+        "no_bias",
+        "        out = out + bias\n",
+        "        out = out\n",
+        values("the bias is not added"),
+    ),
+    Row(
+        "attention_conv2d",
+        "bias_per_head",
+        "        out = out + bias\n",
+        "        out = out + k * k * bias  # once per head\n",
+        values("K^2 times"),
+    ),
+    Row(
+        "attention_conv2d",
+        "softmax_over_queries",
+        "torch.softmax(r @ v, dim=-1)",
+        "torch.softmax(r @ v, dim=-2)",
+        values("the softmax runs over the queries"),
+    ),
+    Row(
+        "attention_conv2d",
+        "kernel_not_transposed",
+        "weight[:, :, a, b].T",
+        "weight[:, :, a, b]",
+        {
+            **every(("conv_shapes", "conv_matches_conv2d", "conv_is_attention"), "[C_in, C_out]"),
+            "conv_from_scratch": MUST_BE_CORRECT,
+        },
+    ),
+    Row(
+        "attention_conv2d",
+        "channels_last",
+        "    return out.transpose(1, 2).reshape(batch, c_out, height, width)\n",
+        "    return out.reshape(batch, height, width, c_out)\n",
+        {
+            **every(("conv_shapes", "conv_matches_conv2d", "conv_is_attention"), "the channels are last"),
+            "conv_from_scratch": MUST_BE_CORRECT,
+        },
+    ),
+]
+
+
+# --- mistakes of another structure
+
+
+def attention_conv2d__conv2d(x, weight, bias, alpha):
+    return F.conv2d(x, weight, bias, padding=weight.size(-1) // 2)
+
+
+def attention_conv2d__hard_one_hot(x, weight, bias, alpha):
+    # hard attention: each head takes the pixel at q + Delta (a convolution written with shifts)
+    c_out, _, k, _ = weight.shape
+    pad = k // 2
+    padded = F.pad(x, (pad, pad, pad, pad))
+    height, width = x.shape[-2:]
+    out = torch.zeros(x.size(0), c_out, height, width, dtype=x.dtype, device=x.device)
+    for a in range(k):
+        for b in range(k):
+            window = padded[:, :, a : a + height, b : b + width]
+            out = out + torch.einsum("bchw,oc->bohw", window, weight[:, :, a, b])
+    return out if bias is None else out + bias.view(1, -1, 1, 1)
+
+
+def attention_conv2d__query_minus_key(x, weight, bias, alpha):
+    c_out, _, k, _ = weight.shape
+    batch, _, height, width = x.shape
+    pad = k // 2
+    padded = F.pad(x, (pad, pad, pad, pad))
+    ys, xs = torch.meshgrid(torch.arange(height + 2 * pad), torch.arange(width + 2 * pad), indexing="ij")
+    keys = torch.stack((ys.flatten(), xs.flatten()), -1).to(x)
+    queries = keys.view(height + 2 * pad, width + 2 * pad, 2)[pad : pad + height, pad : pad + width].reshape(
+        -1, 2
+    )
+    delta = queries[:, None, :] - keys[None, :, :]  # q - k
+    values = padded.flatten(2).transpose(1, 2)
+    out = 0
+    for a in range(k):
+        for b in range(k):
+            centre = torch.tensor([a - pad, b - pad], dtype=x.dtype, device=x.device)
+            weights = torch.softmax(-alpha * ((delta - centre) ** 2).sum(-1), dim=-1)
+            out = out + weights @ values @ weight[:, :, a, b].T
+    if bias is not None:
+        out = out + bias
+    return out.transpose(1, 2).reshape(batch, c_out, height, width)
+
+
+WHOLE = {
+    attention_conv2d__conv2d: {
+        "conv_is_attention": "the result is the convolution itself",
+        "conv_from_scratch": "calls",
+    },
+    attention_conv2d__hard_one_hot: {"conv_is_attention": "the result is the convolution itself"},
+    attention_conv2d__query_minus_key: values("the kernel is flipped"),
+}
+
+
+# --- right implementations in other styles
+
+
+def quadratic_relative_encoding__meshgrid(height, width):
+    ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    pixels = torch.stack((ys, xs), dim=-1).reshape(-1, 2).double()
+    delta = pixels.unsqueeze(0) - pixels.unsqueeze(1)  # [q, k, 2] = k - q
+    return torch.cat(((delta**2).sum(-1, keepdim=True), delta), dim=-1)
+
+
+def quadratic_relative_encoding__loops(height, width):
+    n = height * width
+    r = torch.zeros(n, n, 3, dtype=torch.long)
+    for q in range(n):
+        for k in range(n):
+            d1, d2 = k // width - q // width, k % width - q % width
+            r[q, k] = torch.tensor([d1 * d1 + d2 * d2, d1, d2])
+    return r
+
+
+def attention_conv2d__einsum_heads(x, weight, bias, alpha):
+    # all heads at once: scores [heads, queries, keys], then one einsum
+    c_out, _, k, _ = weight.shape
+    batch, _, height, width = x.shape
+    p = k // 2
+    padded = F.pad(x, (p, p, p, p)).double()
+    r = quadratic_relative_encoding(height + 2 * p, width + 2 * p).double()  # noqa: F821 (the notebook's own)
+    grid = torch.arange((height + 2 * p) * (width + 2 * p)).view(height + 2 * p, width + 2 * p)
+    r = r[grid[p : p + height, p : p + width].flatten()]
+    shifts = torch.cartesian_prod(torch.arange(k), torch.arange(k)).double() - p  # [heads, 2]
+    v = -alpha * torch.cat((torch.ones(k * k, 1, dtype=torch.float64), -2 * shifts), dim=1)
+    weights = torch.softmax(torch.einsum("qkd,hd->hqk", r, v), dim=-1)
+    w = weight.double().flatten(2).permute(2, 1, 0)  # [heads, C_in, C_out]
+    out = torch.einsum("hqk,bck,hco->boq", weights, padded.flatten(2), w).view(batch, c_out, height, width)
+    if bias is not None:
+        out = out + bias.double().view(1, -1, 1, 1)
+    return out.to(x.dtype)
+
+
+def attention_conv2d__stable_by_hand(x, weight, bias, alpha):
+    # squared distances directly, a softmax written out (max subtracted), the padded image as keys
+    c_out, _, k, _ = weight.shape
+    batch, _, height, width = x.shape
+    p = k // 2
+    keys = F.pad(x, (p, p, p, p)).flatten(2)  # [batch, C_in, keys]
+    kh, kw = height + 2 * p, width + 2 * p
+    key_pos = torch.stack(torch.meshgrid(torch.arange(kh), torch.arange(kw), indexing="ij"), -1).view(-1, 2)
+    query_pos = key_pos.view(kh, kw, 2)[p : p + height, p : p + width].reshape(-1, 2)
+    delta = (key_pos[None] - query_pos[:, None]).to(x)
+    out = torch.zeros(batch, c_out, height * width, dtype=x.dtype, device=x.device)
+    for a in range(k):
+        for b in range(k):
+            centre = torch.tensor([a - p, b - p], dtype=x.dtype, device=x.device)
+            scores = -alpha * ((delta - centre) ** 2).sum(-1)
+            e = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
+            attn = e / e.sum(dim=-1, keepdim=True)  # [queries, keys]
+            head = torch.einsum("qk,bck->bcq", attn, keys)
+            out = out + torch.einsum("oc,bcq->boq", weight[:, :, a, b], head)
+    if bias is not None:
+        out = out + bias[:, None]
+    return out.view(batch, c_out, height, width)
+
+
+RIGHT = [
+    quadratic_relative_encoding__meshgrid,
+    quadratic_relative_encoding__loops,
+    attention_conv2d__einsum_heads,
+    attention_conv2d__stable_by_hand,
+]
