@@ -115,11 +115,13 @@ def attention_conv1d(
         ``[batch, C_out, length]``.
 
     Raises:
-        ValueError: if ``K`` is even.
+        ValueError: if ``K`` is even, or the kernel's ``C_in`` is not ``x``'s.
     """
     k = weight.size(-1)
     if k % 2 == 0:
         raise ValueError(f"the kernel must have an odd size, got {k}")
+    if weight.size(1) != x.size(1):
+        raise ValueError(f"the kernel has {weight.size(1)} input channels, x has {x.size(1)}")
     pad, length = k // 2, x.size(-1)
     padded = F.pad(x, (pad, pad))
     positions = torch.arange(length + 2 * pad, dtype=x.dtype, device=x.device)

@@ -65,8 +65,10 @@ HINTS = engine.hint_table("""
 mat1 and mat2 shapes | size of tensor | must match the size: each head maps the C_in channels of a pixel to
     C_out with weight[:, :, a, b]^T, [C_in, C_out]; the checks use C_in != C_out
 """)
+# PyTorch's convolutions compute the answer; its attention would take the softmax that the task asks for
 RULE = FromScratch(
-    "the convolution as attention heads", ("conv1d", "conv2d", "conv3d", "convolution", "unfold")
+    "the convolution as attention heads, with your own softmax of the scores",
+    ("conv1d", "conv2d", "conv3d", "convolution", "unfold", "scaled_dot_product", "multi_head_attention"),
 )
 
 
@@ -280,8 +282,8 @@ def conv_is_attention(part: Part) -> Iterator[Check]:
 
 @behaviour(function="attention_conv2d", points=1, hints=HINTS)
 def conv_from_scratch(part: Part) -> Iterator[Check]:
-    """attention_conv2d is correct and calls no convolution (F.conv2d, F.unfold, ...): the heads do
-    the work."""
+    """attention_conv2d is correct and calls no convolution (F.conv2d, F.unfold, ...) and no built-in
+    attention (F.scaled_dot_product_attention): the heads do the work."""
     if not part.hidden:
         yield from engine.correct_first(conv_matches_conv2d.plan(part), part.function)
     sizes = VISIBLE if not part.hidden else HIDDEN

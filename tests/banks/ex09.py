@@ -242,6 +242,26 @@ def attention_conv2d__query_minus_key(x, weight, bias, alpha):
     return out.transpose(1, 2).reshape(batch, c_out, height, width)
 
 
+def attention_conv2d__sdpa(x, weight, bias, alpha):
+    # right values, but PyTorch's attention takes the softmax: zero content, positional scores as the mask
+    c_out, _, k, _ = weight.shape
+    batch, _, height, width = x.shape
+    pad = k // 2
+    pixels = F.pad(x, (pad, pad, pad, pad)).flatten(2).transpose(1, 2)  # [batch, keys, C_in]
+    r = quadratic_relative_encoding(height + 2 * pad, width + 2 * pad).to(x)  # noqa: F821 (the notebook's own)
+    index = torch.arange((height + 2 * pad) * (width + 2 * pad)).view(height + 2 * pad, width + 2 * pad)
+    r = r[index[pad : pad + height, pad : pad + width].flatten()]
+    shifts = torch.cartesian_prod(torch.arange(k), torch.arange(k)).to(x) - pad
+    v = -alpha * torch.cat((torch.ones(k * k, 1).to(x), -2 * shifts), dim=1)
+    scores = torch.einsum("qkd,hd->hqk", r, v)
+    zeros = torch.zeros(batch, k * k, height * width, 1).to(x)
+    keys = torch.zeros(batch, k * k, r.size(1), 1).to(x)
+    values = pixels.unsqueeze(1) @ weight.flatten(2).permute(2, 1, 0)  # [batch, heads, keys, C_out]
+    heads = F.scaled_dot_product_attention(zeros, keys, values, attn_mask=scores)
+    out = heads.sum(dim=1) + (bias if bias is not None else 0)
+    return out.transpose(1, 2).reshape(batch, c_out, height, width)
+
+
 WHOLE = {
     attention_conv2d__conv2d: {
         "conv_is_attention": "the result is the convolution itself",
@@ -249,6 +269,7 @@ WHOLE = {
     },
     attention_conv2d__hard_one_hot: {"conv_is_attention": "the result is the convolution itself"},
     attention_conv2d__query_minus_key: values("the kernel is flipped"),
+    attention_conv2d__sdpa: {"conv_from_scratch": "calls"},
 }
 
 
