@@ -32,7 +32,17 @@ def test_pages_cite_what_readers_can_see(page: Path):
 
 
 def test_there_are_chapters():
-    assert [chapter.stem[:2] for chapter in CHAPTERS] == ["01", "02", "03", "04", "05", "06", "07"]
+    assert [chapter.stem[:2] for chapter in CHAPTERS] == [
+        "01",
+        "02",
+        "03",
+        "04",
+        "05",
+        "06",
+        "07",
+        "08",
+        "09",
+    ]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
@@ -66,10 +76,14 @@ def test_book_builds_without_warnings(built_book: BookBuild):
         "chapters/05_grouped_query",
         "chapters/06_cross_attention",
         "chapters/07_transformer_block",
+        "chapters/08_positions",
+        "chapters/09_conv_heads",
         "exercises/ex04_multi_head/ex04_multi_head",
         "exercises/ex05_grouped_query/ex05_grouped_query",
         "exercises/ex06_cross_attention/ex06_cross_attention",
         "exercises/ex07_transformer_block/ex07_transformer_block",
+        "exercises/ex08_positional/ex08_positional",
+        "exercises/ex09_conv_heads/ex09_conv_heads",
         "instructors/index",
         "instructors/authoring",
         "glossary",

@@ -359,6 +359,8 @@ def exercise_functions(number: str) -> list[str]:
         "05_grouped_query",
         "06_cross_attention",
         "07_transformer_block",
+        "08_positions",
+        "09_conv_heads",
     ],
 )
 def test_chapters_fold_the_functions_an_exercise_asks_for(visits, chapter):
