@@ -43,8 +43,9 @@ rope base multiplied: the frequency is base^(2i / d): it is theta_i = base^(-2i 
 base ignored: the base argument is ignored (10000 is hard-coded)
 positions ignored: the positions argument is ignored (torch.arange(len) instead): the checks pass positions
     that are not 0, 1, 2, ...
-slopes seed: the slopes are 2^-(8+i), 2^-8, 2^-9, ...: 128 to 32768 times too small. Press et al. use
-    2^(-8h/n), h = 1 .. n (2^-1 ... 2^-8 for 8 heads)
+slopes seed: the slopes are 2^-(8+i), 2^-8, 2^-9, ...: far too small (for 8 heads each is 128 times too
+    small, for 16 heads 181 to 32768 times). Press et al. use 2^(-8h/n), h = 1 .. n (2^-1 ... 2^-8 for 8
+    heads)
 slopes from zero: h runs from 0: the first slope is 2^0 = 1; the slopes are 2^(-8h/n) for h = 1 .. n
 slopes reversed: the slopes are in reverse order: head 1 has the largest, 2^(-8/n)
 slopes geometric: 2^(-8h/n) for every n is only the rule for powers of two: for other head counts, take the

@@ -325,7 +325,7 @@ def alibi_bias__hand_loops(n_heads, q_len, k_len):
 
 WHOLE = {
     sinusoidal_encoding__feature_exponent: {"sinusoidal_values": "pair i (features 2i and"},
-    alibi_slopes__seed: every(SLOPES, "128 to 32768 times too small"),
+    alibi_slopes__seed: every(SLOPES, "for 8 heads each is 128 times too"),
     alibi_bias__hand_loops: {
         "alibi_bias_square": "the bias of later keys",
         "alibi_bias_bottom_right": "does not match",
