@@ -149,6 +149,7 @@ class Reader:
     def __init__(self, browser: Browser, site: str):
         self.site, self.visit = site, Visit("")
         self.context = browser.new_context(viewport=DESKTOP)
+        self.context.set_default_timeout(120_000)  # a loaded CI machine: pages settle slowly, not never
         # every page as a first-time reader sees it: nothing remembered from the pages before
         self.context.add_init_script("try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}")
         self.context.route("**/*", self._route)
