@@ -50,3 +50,31 @@ def built_book(tmp_path_factory) -> BookBuild:
     command = ["jupyter-book", "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(output)]
     built = subprocess.run(command, env=environment, capture_output=True, text=True)
     return BookBuild(built.returncode, built.stdout + built.stderr, output / "_build" / "html")
+
+
+UNGROUPED: set[str] = set()  # tests whose xdist group this run ignores (see below)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own hook, which adds the suffix
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Find the tests whose xdist group would be ignored; each of them fails at once, saying why.
+
+    ``make test`` runs with ``--dist loadgroup`` so that the tests of one expensive fixture (the book's
+    build, one assignment's nbgrader round trip, a batch of hostile submissions) share one worker and pay
+    for it once. pytest-xdist groups by suffixing a node id with ``@group``; where the installed pytest
+    does not let it (pytest 9.2 with xdist 3.8), every group would be split across workers and each
+    fixture paid for once per worker, silently doubling the run's time.
+    """
+    if getattr(config.option, "loadgroup", False):  # set on each worker of a --dist loadgroup run
+        UNGROUPED.update(
+            item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+        )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.nodeid in UNGROUPED:
+        pytest.fail(
+            f"pytest-xdist could not put this test in its xdist_group under pytest {pytest.__version__}, so "
+            "its fixture would be built once per worker: install the versions pyproject.toml pins",
+            pytrace=False,
+        )

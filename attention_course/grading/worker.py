@@ -33,6 +33,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
+from traitlets.config import Config
 
 from attention_course.grading import seals
 
@@ -92,6 +93,20 @@ def _recorder_arguments(session: Path | None, generation: int) -> list[str]:
     return [f"--IPKernelApp.exec_lines={recorder}.start({str(session)!r}, {generation})"]
 
 
+def _kernel_config(folder: Path) -> Config:
+    """Connect to the kernel over Unix sockets in ``folder`` where possible, else over TCP on 127.0.0.1.
+
+    Over TCP, jupyter_client picks five free ports and closes them before the kernel binds them, so two
+    kernels started at once on a busy machine now and then pick the same port and one dies at start
+    ("Address already in use"). A socket file in the submission's own folder cannot collide. A Unix socket
+    path has at most 107 bytes, hence the fallback.
+    """
+    base = folder.resolve() / "kernel"
+    if os.name != "posix" or len(str(base)) > 90:
+        return Config()
+    return Config({"KernelManager": {"transport": "ipc", "ip": str(base)}})
+
+
 def execute(
     prepared: Path,
     output: Path,
@@ -138,6 +153,7 @@ def execute(
                 *_recorder_arguments(session, len(restarts)),
             ],
             resources={"metadata": {"path": str(prepared.parent)}},
+            config=_kernel_config(prepared.parent),
             on_cell_start=on_cell_start,
             on_cell_executed=on_cell_executed,
         )
