@@ -25,7 +25,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attention_course.grading.cli import Limits, grade
+from attention_course.grading.batch import grade
+from attention_course.grading.sandbox import Limits
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank, tampering
 from tests.notebook_tools import ROOT, load_exercise, points_by_running

@@ -20,7 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attention_course.grading.cli import Limits, grade
+from attention_course.grading.batch import grade
+from attention_course.grading.sandbox import Limits
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank
 from tests.notebook_tools import (
@@ -132,7 +133,9 @@ def round_trip(request, tmp_path_factory):
     with (course / "nbgrader_config.py").open("a") as config:
         # nbgrader's kernels over Unix sockets, as attention-grade's: over TCP two kernels started at once
         # by the test's workers now and then pick the same port and one dies at start
-        config.write(f"\nc.KernelManager.transport = 'ipc'\nc.KernelManager.ip = {str(course / 'kernel')!r}\n")
+        config.write(
+            f"\nc.KernelManager.transport = 'ipc'\nc.KernelManager.ip = {str(course / 'kernel')!r}\n"
+        )
     source = ASSIGNMENTS[assignment].source(course)
     source.parent.mkdir(parents=True)
     shutil.copy(ASSIGNMENTS[assignment].source(ROOT), source)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -117,6 +118,81 @@ def prepare(submission: NotebookNode, master: NotebookNode) -> NotebookNode:
     return notebook
 
 
+def _comparable(cell: NotebookNode) -> tuple[str, str]:
+    """A cell as the release shows it: its type and its source without hidden tests, trimmed."""
+    source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", cell.source, flags=re.S)
+    return cell.cell_type, source.strip()
+
+
+def _defined_names(cell: NotebookNode) -> set[str]:
+    if cell.cell_type != "code":
+        return set()
+    try:
+        tree = ast.parse(cell.source)
+    except SyntaxError:
+        return set()
+    kinds = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+    return {node.name for node in tree.body if isinstance(node, kinds)}
+
+
+def recover_metadata(submission: NotebookNode, master: NotebookNode) -> tuple[NotebookNode, list[str]]:
+    """Give back their nbgrader metadata to cells whose editor stripped it, by matching cells to ``master``.
+
+    Cells are aligned by content (:class:`difflib.SequenceMatcher` on type and source, hidden tests left
+    out): a locked or test cell matches its identical copy; a solution cell, the one cell of its type
+    between the same matched neighbours (for code, the one defining the same functions or classes). A
+    grade id the submission has is never moved.
+
+    Returns:
+        The notebook (a copy if anything changed) and warnings naming the recovered cells.
+    """
+    present = {_grade_id(cell) for cell in submission.cells if _grade_id(cell)}
+    if all(_grade_id(cell) in present for cell in master.cells if _grade_id(cell)):
+        return submission, []
+    notebook = copy.deepcopy(submission)
+    matcher = difflib.SequenceMatcher(
+        a=[_comparable(cell) for cell in master.cells],
+        b=[_comparable(cell) for cell in notebook.cells],
+        autojunk=False,
+    )
+    pairs = {block.a + k: block.b + k for block in matcher.get_matching_blocks() for k in range(block.size)}
+    taken = set(pairs.values())
+    recovered = []
+    for index, cell in enumerate(master.cells):
+        grade_id = _grade_id(cell)
+        if not grade_id or grade_id in present:
+            continue
+        match = pairs.get(index)
+        if match is None and utils.is_solution(cell):
+            low = max((pairs[i] for i in pairs if i < index), default=-1)
+            high = min((pairs[i] for i in pairs if i > index), default=len(notebook.cells))
+            candidates = [
+                j
+                for j in range(low + 1, high)
+                if j not in taken
+                and notebook.cells[j].cell_type == cell.cell_type
+                and not _grade_id(notebook.cells[j])
+            ]
+            names = _defined_names(cell)
+            if names:
+                candidates = [j for j in candidates if _defined_names(notebook.cells[j]) & names]
+            match = candidates[0] if len(candidates) == 1 else None
+        if match is None or _grade_id(notebook.cells[match]):
+            continue
+        notebook.cells[match].metadata["nbgrader"] = copy.deepcopy(cell.metadata["nbgrader"])
+        taken.add(match)
+        present.add(grade_id)
+        recovered.append(grade_id)
+    if not recovered:
+        return submission, []
+    warning = (
+        f"{len(recovered)} cell(s) had lost their nbgrader metadata (another editor?) and were matched to "
+        "the "
+        f"assignment by their content: {', '.join(recovered)}"
+    )
+    return notebook, [warning]
+
+
 def _add_missing_grade_cells(notebook: NotebookNode, master: NotebookNode) -> None:
     """Put each missing grade cell back after the cell that precedes it in the source, as nbgrader does."""
     order = [_grade_id(cell) for cell in _recorded_cells(master)]
@@ -211,7 +287,12 @@ def _explain_name_error(message: str, executed: NotebookNode, master: NotebookNo
 
 
 def score(
-    executed: NotebookNode, master: NotebookNode, *, stopped: str | None = None, judged: dict | None = None
+    executed: NotebookNode,
+    master: NotebookNode,
+    *,
+    stopped: str | None = None,
+    judged: dict | None = None,
+    gave_up_after: int | None = None,
 ) -> list[CellResult]:
     """Score every grade cell of an executed (maybe partly executed) submission, with nbgrader's rules.
 
@@ -222,6 +303,7 @@ def score(
         judged: split mode: the grader's verdict on each test cell that ran (``None`` when its recordings
             pass, else the failure). A test cell then passes when it ran without error or stderr output, as
             nbgrader requires, *and* its verdict passes; what its outputs show cannot earn points.
+        gave_up_after: the index of the cell after which execution gave up replacing dead kernels, if it did.
 
     Returns:
         One :class:`CellResult` per grade cell of the assignment, in the source notebook's order.
@@ -229,7 +311,6 @@ def score(
     cells = {
         _grade_id(cell): (index, cell) for index, cell in enumerate(executed.cells) if utils.is_grade(cell)
     }
-    gave_up_after = executed.metadata.get("attention_grade", {}).get("gave_up_after_cell")
     results = []
     for source in master.cells:
         if not utils.is_grade(source):

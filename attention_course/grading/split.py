@@ -10,6 +10,7 @@ one process. Nothing here runs learner code.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,13 @@ class Plans:
     assignment: Assignment
     behaviours: dict[str, Behaviour]
     checks: dict[tuple[str, str], list[Check]]  # (behaviour name, part) -> checks
+
+
+def reference_module(assignment: Assignment, root: Path) -> Any:
+    """The reference module, from the course directory ``root`` when it holds ``solutions/``."""
+    if (root / "solutions" / "__init__.py").is_file() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(assignment.reference)
 
 
 def make_plans(assignment: Assignment, reference: Any = None) -> Plans:

@@ -1,0 +1,68 @@
+"""Reports of a graded batch: ``report.json`` (everything), ``report.csv`` (a row per submission and grade
+cell), and a summary on the console."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from attention_course.grading.submission import SubmissionResult
+
+
+def write_reports(
+    results: list[SubmissionResult], assignment_id: str, out: Path, settings: dict[str, Any]
+) -> None:
+    """Write ``out/report.json`` and ``out/report.csv``; ``settings``: how the batch was graded."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "assignment": assignment_id,
+        "graded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **settings,
+        "submissions": [result.as_dict() for result in results],
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    with open(out / "report.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "grade_id", "kind", "points", "max_points", "status", "message", "path"])
+        for result in results:
+            for cell in result.cells:
+                points = "" if cell.points is None else cell.points
+                writer.writerow(
+                    [
+                        result.student,
+                        cell.grade_id,
+                        cell.kind,
+                        points,
+                        cell.max_points,
+                        cell.status,
+                        cell.message,
+                        result.path,
+                    ]
+                )
+
+
+def summarise(results: list[SubmissionResult], console: Console) -> None:
+    """A table of scores, then the failing cells of each submission with their messages."""
+    table = Table(title="Automatic scores (written answers are graded by hand)")
+    for column in ("student", "score", "status", "seconds"):
+        table.add_column(column, justify="right" if column in ("score", "seconds") else "left")
+    for result in results:
+        table.add_row(
+            result.student, f"{result.score:g} / {result.max_score:g}", result.status, f"{result.seconds:.1f}"
+        )
+    console.print(table)
+    for result in results:
+        for warning in result.warnings:
+            console.print(f"[bold]{result.student}[/bold]: warning: {warning}", highlight=False)
+        failing = [cell for cell in result.cells if cell.kind == "auto" and cell.status != "passed"]
+        if failing:
+            console.print(f"[bold]{result.student}[/bold]: {len(failing)} failing cell(s)", highlight=False)
+            for cell in failing:
+                first = cell.message.splitlines()[0] if cell.message else ""
+                console.print(f"  {cell.grade_id} ({cell.status}): {first}", highlight=False, markup=False)

