@@ -29,6 +29,7 @@ from attention_course.checks.engine import (
     assert_values,
     fail,
     hint_table,
+    once,
     randn,
     reference_answer,
     shapes,
@@ -360,6 +361,7 @@ def attention_check(
     call = part.call(**arguments)
     first = next(v for v in arguments.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
     hints, right_shapes = hints or shape_hints(sizes), expected_shapes(sizes)
+    expected_answer = once(lambda: answer(arguments)) if answer is not None else None
 
     def judge(result: Any) -> None:
         output, weights_ = pair(result, call)
@@ -371,9 +373,9 @@ def attention_check(
                 assert_shape(actual, where, shape, hints[which])
         if extra is not None:
             extra(output, weights_, call)
-        if answer is None:
+        if expected_answer is None:
             return
-        expected, naive_errors = answer(arguments)
+        expected, naive_errors = expected_answer()
         for which, actual, index in (("weights", weights_, 1), ("output", output, 0)):
             wrong = lambda which=which: mistakes(arguments, which, to_qkv, rows, names)  # noqa: E731
             options = dict(dtype=first.dtype, naive_error=naive_errors[index], mistakes=wrong, note=note)

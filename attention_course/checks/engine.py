@@ -788,6 +788,19 @@ def assert_values(
         )
 
 
+def once(compute: Callable[[], Any]) -> Callable[[], Any]:
+    """``compute`` called on first use only: a plan's answer, which every submission's judge needs, is
+    computed once per process (plans are deterministic, and ``attention-grade`` reuses them)."""
+    done: list[Any] = []
+
+    def value() -> Any:
+        if not done:
+            done.append(compute())
+        return done[0]
+
+    return value
+
+
 def reference_answer(reference: Callable[..., Any], arguments: dict[str, Any]) -> tuple[tuple, tuple]:
     """The answer in float64 (the reference on the arguments upcast) and the error of the reference run on the
     arguments as they are (the tolerance, :func:`tolerance`): tuples, of one for one tensor."""

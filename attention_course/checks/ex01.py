@@ -218,6 +218,9 @@ def _lookup_check(part: Part, arguments: dict, answer=None, note="", finite="") 
         what, shape = "prediction", (m, *values.shape[1:])
         axes = {"d_v": values.size(-1)} if values.dim() == 2 else {"one": 1}
     where, hints = f"the {what} of {call}", engine.shapes(TEXT, what, m=m, n=n, **axes)
+    expected = engine.once(
+        lambda: reference_answer(answer, arguments) if callable(answer) else ((answer,), (0.0,))
+    )
 
     def judge(result: Any) -> None:
         if answer is None:
@@ -227,7 +230,7 @@ def _lookup_check(part: Part, arguments: dict, answer=None, note="", finite="") 
             case = "contain NaN or inf for queries far from every key"  # the weights of a far query
             case = case if finite == "far" else "contains NaN or inf for the query 56, which equals a key"
             fail(f"{where} {case}.", TEXT[finite])
-        (right,), (error,) = reference_answer(answer, arguments) if callable(answer) else ((answer,), (0.0,))
+        (right,), (error,) = expected()
         options = {"dtype": queries.dtype, "naive_error": error, "hints": hints, "note": note}
         engine.assert_values(result, right, where, mistakes=lambda: _mistakes(arguments), **options)
 
