@@ -4,7 +4,7 @@
 (JSON, and the tensors in safetensors) and starts the kernel with :func:`start` as its first line, before
 any cell. A test cell's ``checks.sdpa_mask(fn)`` then does not judge: it reads its inputs, calls ``fn`` on
 each (:func:`~attention_course.checks.engine.execute`), and writes what came back to
-``recordings/incoming/``. The worker seals what a test cell wrote when the cell ends
+``recordings/incoming/``. The grader seals what a test cell wrote when the cell ends
 (:mod:`~attention_course.grading.seals`: the kernel holds no secret), and the grader reads it back
 (:mod:`attention_course.grading.split`): JSON and safetensors only, never a pickle, bounded, validated
 field by field. The format and the kernel's side live here together, so that they cannot drift apart.
@@ -205,7 +205,7 @@ def start(folder: str, generation: int = 0) -> None:
     """Make this kernel record for the grader: the first line the kernel runs, before any cell.
 
     Refuses imports of the reference solutions from now on, and leaves ``started-<generation>``, by which
-    the worker knows that recording is on.
+    the grader knows that recording is on.
     """
     session = Path(folder)
     sys.meta_path.insert(0, _NoSolutions())

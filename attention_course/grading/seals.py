@@ -1,16 +1,16 @@
-"""Seals on recordings: the worker vouches for what a test cell recorded, the grader checks it.
+"""Seals on recordings: the grader vouches for what a test cell recorded, and checks it when it judges.
 
 The learner's kernel writes a test cell's recordings to ``recordings/incoming/``; it holds no secret. The
-worker, a separate process that runs no learner code, clears that folder when any cell starts and, when a
+grader, which drives the kernel and runs no learner code, clears that folder when any cell starts and, when a
 test cell ends, moves what the cell wrote to ``recordings/<cell index>-<name>`` with a ``.seal``: an
-HMAC-SHA256, under a key that only the worker and the grader know, of the new name and the files' digests.
-So a recording that the learner's code writes at any other time, or edits later, is rejected, and a
-recording made by one cell cannot pass for another's. This module imports nothing heavy (no torch): the
-worker uses it between cells.
+HMAC-SHA256, under a key that only the grader knows, of the new name and the files' digests. So a recording
+that the learner's code writes at any other time, or edits later, is rejected, and a recording made by one
+cell cannot pass for another's. After the last cell every process of the sandbox is killed and the
+recordings are moved out of its reach before they are judged. This module imports nothing heavy (no torch).
 
 What a seal cannot tell apart is a recording that code running *during* the test cell replaces before the
-cell ends (a background thread racing the recorder); the worker's time and memory limits bound such code,
-no sandbox confines it yet.
+cell ends (a background thread racing the recorder); the sandbox confines such code to the submission's own
+slot.
 """
 
 from __future__ import annotations
