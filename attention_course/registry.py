@@ -127,6 +127,20 @@ ASSIGNMENTS: dict[str, Assignment] = {
             checks="attention_course.checks.ex09",
             bank="tests.banks.ex09",
         ),
+        Assignment(
+            "ex10_kv_cache",
+            "The KV cache",
+            reference="solutions.kv_cache",
+            checks="attention_course.checks.ex10",
+            bank="tests.banks.ex10",
+        ),
+        Assignment(
+            "ex11_tiled_attention",
+            "Attention in O(n) memory: tiled attention",
+            reference="solutions.tiled",
+            checks="attention_course.checks.ex11",
+            bank="tests.banks.ex11",
+        ),
     )
 }
 

@@ -11,7 +11,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_course import conv_heads, cross_attention, positions, transformer  # the library's
+from attention_course import (  # the library's
+    conv_heads,
+    cross_attention,
+    kv_cache,
+    positions,
+    tiled,
+    transformer,
+)
 from attention_course.device import seeded_generator
 from solutions import attention, grouped_query, masks, multi_head, pooling
 
@@ -512,3 +519,287 @@ def test_positions_and_conv_heads_on_cuda(dtype, no_tf32):
             expected = model.double()(tokens)
             actual = model.to("cuda", torch.float32)(tokens.cuda())
         torch.testing.assert_close(actual.double().cpu(), expected, atol=1e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the KV cache (ex10): Hugging Face's GPT-2 and its DynamicCache, the paged cache, errors, and the GPU
+
+
+def gpt2_and_cached_gpt(seed: int, dtype=torch.float32):
+    """``GPT2LMHeadModel`` built from a config (no download) and chapter 10's ``CachedGPT`` with its weights.
+
+    The weights are drawn again, N(0, 1 / fan-in) (layer-norm gains around 1), instead of GPT-2's N(0,
+    0.02^2): with GPT-2's small weights every logit is near 0, and greedy decoding would choose between near
+    ties that float32 rounding can flip."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=23,
+        n_positions=48,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        activation_function="gelu",  # exact GELU, as TinyGPT
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=None,  # no token ends generation: both models write max_new_tokens tokens
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
+    gpt2 = GPT2LMHeadModel(config).to(dtype).eval()
+    generator = seeded_generator(seed)
+    with torch.no_grad():
+        for name, parameter in gpt2.named_parameters():
+            drawn = torch.randn(parameter.shape, generator=generator, dtype=torch.float64)
+            if parameter.dim() > 1:
+                parameter.copy_(drawn / parameter.shape[0] ** 0.5)  # Conv1D weights are [in, out]
+            else:
+                parameter.copy_(
+                    1 + 0.1 * drawn
+                    if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+                    else 0.1 * drawn
+                )
+    course = kv_cache.CachedGPT(23, 32, 4, 2, 128, max_len=48).to(dtype)
+    return gpt2, transformer.load_gpt2_weights(course, gpt2).eval()
+
+
+def last_logits(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Record the last position's logits of every call of ``model`` (a forward hook)."""
+    recorded: list[torch.Tensor] = []
+    model.register_forward_hook(lambda module, inputs, output: recorded.append(output[:, -1].detach()))
+    return recorded
+
+
+def test_cached_gpt_generates_what_hugging_faces_gpt2_generates_with_its_cache():
+    """Greedy tokens equal those of ``GPT2LMHeadModel.generate(use_cache=True)``, and each step's logits
+    equal to float32 rounding, given the same weights."""
+    gpt2, course = gpt2_and_cached_gpt(150)
+    prompt = torch.randint(0, 23, (3, 5), generator=seeded_generator(151))
+    recorded = last_logits(course)
+    ours = kv_cache.generate(course, prompt, 15, use_cache=True)
+    theirs = gpt2.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=15,
+        do_sample=False,
+        use_cache=True,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    expected = torch.stack(theirs.logits, dim=1)  # [batch, 15, vocab]
+    top2 = expected.topk(2, dim=-1).values
+    assert (top2[..., 0] - top2[..., 1]).min() > 1e-3  # no near tie: equal tokens are not luck
+    assert torch.equal(ours, theirs.sequences)
+    torch.testing.assert_close(torch.stack(recorded, dim=1), expected, atol=1e-5, rtol=0)
+
+
+def test_kv_cache_holds_what_dynamic_cache_holds():
+    """After the prompt and after one more token, each layer's cached keys and values are Hugging Face's
+    (``DynamicCache``: ``[batch, n_heads, len, d_head]``), in float64."""
+    gpt2, course = gpt2_and_cached_gpt(152, torch.float64)
+    tokens = torch.randint(0, 23, (2, 7), generator=seeded_generator(153))
+    cache = kv_cache.KVCache(course.n_layers)
+    with torch.no_grad():
+        output = gpt2(tokens[:, :6], use_cache=True)
+        course(tokens[:, :6], cache=cache)
+        theirs = gpt2(tokens[:, 6:], cache=output.cache, use_cache=True)  # `past_key_values` before 5.x
+        ours = course(tokens[:, 6:], cache=cache)
+    torch.testing.assert_close(ours, theirs.logits, atol=1e-12, rtol=0)
+    hugging_face = theirs.cache
+    assert cache.length == hugging_face.get_seq_length() == 7
+    for layer in range(course.n_layers):
+        assert cache.keys(layer).shape == (2, 4, 7, 8)  # [batch, n_kv_heads, len, d_head]
+        torch.testing.assert_close(cache.keys(layer), hugging_face.layers[layer].keys, atol=1e-12, rtol=0)
+        torch.testing.assert_close(cache.values(layer), hugging_face.layers[layer].values, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA-2", "MQA"])
+def test_cached_gpt_is_tiny_gpt_with_or_without_the_cache(n_kv_heads):
+    """Without a cache ``CachedGPT`` computes chapter 7's ``TinyGPT.forward`` (on its own blocks, GQA ones
+    included); fed one token at a time with a cache, it gives the logits of the whole sequence (float64)."""
+    torch.manual_seed(154)
+    model = kv_cache.CachedGPT(19, 24, 4, 2, 40, max_len=32, n_kv_heads=n_kv_heads).double().eval()
+    tokens = torch.randint(0, 19, (3, 11), generator=seeded_generator(155))
+    cache = kv_cache.KVCache(model.n_layers)
+    with torch.no_grad():
+        whole = transformer.TinyGPT.forward(model, tokens)  # the parent's forward: the blocks as modules
+        torch.testing.assert_close(model(tokens), whole, atol=1e-12, rtol=0)
+        steps = [model(tokens[:, :4], cache=cache)] + [
+            model(tokens[:, t : t + 1], cache=cache) for t in range(4, 11)
+        ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-12, rtol=0)
+    assert cache.keys(1).shape == (3, n_kv_heads, 11, 6)
+    cache.reset()
+    assert cache.length == 0 and cache.keys(0) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from("aafr"), st.integers(0, 3), st.integers(1, 6)), max_size=25),
+    st.integers(1, 5),
+)
+def test_paged_cache_is_a_contiguous_cache_in_blocks(operations, block_size):
+    """Random appends, forks and frees: every sequence gathers what was appended to it (and to its parent
+    before the fork), holds ceil(len / block_size) blocks, reference counts count the block tables, and the
+    free blocks are exactly those no table holds."""
+    cache = kv_cache.PagedKVCache(block_size, 64, 2, 3, torch.float64)
+    contiguous: dict[int, torch.Tensor] = {}
+    for step, (kind, seq, n) in enumerate(operations):
+        if kind == "a":
+            key = randn(2, n, 3, seed=step)
+            cache.append(seq, key, -key)
+            contiguous[seq] = torch.cat([contiguous[seq], key], dim=1) if seq in contiguous else key
+        elif kind == "f" and seq in contiguous and (seq + 1) % 4 not in contiguous:
+            cache.fork(seq, (seq + 1) % 4)
+            contiguous[(seq + 1) % 4] = contiguous[seq]
+        elif kind == "r" and seq in contiguous:
+            cache.free(seq)
+            del contiguous[seq]
+        tables = cache.block_tables
+        assert sorted(tables) == sorted(contiguous)
+        for s, expected in contiguous.items():
+            keys, values = cache.gather(s)
+            assert torch.equal(keys, expected) and torch.equal(values, -expected)
+            assert len(tables[s]) == -(-expected.size(1) // block_size)
+        counts = [sum(table.count(block) for table in tables.values()) for block in range(64)]
+        assert cache.ref_counts == counts
+        assert sorted(cache.free_blocks) == [block for block in range(64) if counts[block] == 0]
+
+
+def test_kv_cache_modules_reject_bad_arguments():
+    with pytest.raises(ValueError, match="at least 1"):
+        kv_cache.KVCache(0)
+    with pytest.raises(ValueError, match="must divide"):
+        kv_cache.CachedGPT(10, 24, 4, n_kv_heads=3)
+    model = kv_cache.CachedGPT(10, 8, 2, 1, 16, max_len=4).eval()
+    with pytest.raises(ValueError, match="max_len"):
+        model(torch.zeros(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        kv_cache.generate(model, torch.zeros(1, 1, dtype=torch.long), -1)
+    with pytest.raises(ValueError, match="at least 1"):
+        kv_cache.PagedKVCache(0, 4, 1, 1)
+    cache = kv_cache.PagedKVCache(2, 3, 1, 2, torch.float64)
+    cache.append(0, randn(1, 5, 2, seed=1), randn(1, 5, 2, seed=2))  # 3 blocks: the pool is full
+    before = (dict(cache.block_tables), list(cache.free_blocks), list(cache.ref_counts), cache.gather(0))
+    with pytest.raises(RuntimeError, match="out of blocks"):
+        cache.append(0, randn(1, 2, 2, seed=3), randn(1, 2, 2, seed=4))
+    after = (dict(cache.block_tables), list(cache.free_blocks), list(cache.ref_counts), cache.gather(0))
+    assert before[:3] == after[:3] and torch.equal(before[3][0], after[3][0])  # nothing changed
+    cache.fork(0, 1)
+    with pytest.raises(ValueError, match="exists"):
+        cache.fork(0, 1)
+    for method in (cache.gather, cache.free):
+        with pytest.raises(KeyError):
+            method(7)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_kv_cache_on_cuda(dtype, no_tf32):
+    """The cached forward pass on the GPU gives the logits of the whole sequence (against float64 on the
+    CPU); in float32 greedy generation gives the CPU's tokens; the paged cache follows the dtype and
+    device."""
+    torch.manual_seed(156)
+    model = kv_cache.CachedGPT(17, 32, 4, 2, 64, max_len=40, n_kv_heads=2).double().eval()
+    tokens = torch.randint(0, 17, (3, 12), generator=seeded_generator(157))
+    with torch.no_grad():
+        expected = model(tokens)
+        on_gpu = model.to("cuda", dtype)
+        cache = kv_cache.KVCache(on_gpu.n_layers)
+        steps = [on_gpu(tokens[:, :5].cuda(), cache=cache)]
+        steps += [on_gpu(tokens[:, t : t + 1].cuda(), cache=cache) for t in range(5, 12)]
+    assert cache.keys(0).dtype == dtype and cache.keys(0).device.type == "cuda"
+    torch.testing.assert_close(
+        torch.cat(steps, 1).double().cpu(), expected, atol=40 * GPU_ATOL[dtype], rtol=0
+    )
+    if dtype == torch.float32:
+        reference = kv_cache.generate(model.double().cpu(), tokens[:, :3], 10)
+        assert kv_cache.generate(model.to("cuda", dtype), tokens[:, :3].cuda(), 10).cpu().equal(reference)
+    paged = kv_cache.PagedKVCache(4, 8, 2, 3, dtype, "cuda")
+    key = randn(2, 9, 3, seed=158, device="cuda", dtype=dtype)
+    paged.append(0, key, -key)
+    paged.fork(0, 1)
+    paged.append(1, key[:, :2], key[:, :2])
+    assert torch.equal(paged.gather(0)[0], key) and torch.equal(
+        paged.gather(1)[0], torch.cat([key, key[:, :2]], 1)
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# the online softmax's merge and tiled attention (ex11)
+
+
+def test_online_softmax_merge_gives_the_state_of_all_keys():
+    """Merging the states of two blocks of keys equals the state computed from all the scores at once."""
+    scores, value = 3 * randn(2, 3, 5, 11, seed=150), randn(2, 3, 11, 4, seed=151)  # [..., q_len, k_len]
+
+    def state(s, v):
+        top = s.amax(-1)
+        weights = torch.exp(s - top.unsqueeze(-1))
+        return top, weights.sum(-1), weights @ v
+
+    merged = tiled.online_softmax_merge(
+        *state(scores[..., :4], value[..., :4, :]), *state(scores[..., 4:], value[..., 4:, :])
+    )
+    for actual, expected in zip(merged, state(scores, value), strict=True):
+        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    q_len=st.integers(1, 6),
+    k_len=st.integers(1, 20),
+    block_size=st.integers(1, 24),
+    seed=st.integers(0, 2**16),
+)
+def test_tiled_attention_is_sdpa_for_any_block_size(lead, q_len, k_len, block_size, seed):
+    """seed-errata C4 (1e-12 in float64), with masks that leave each query a key, for any sizes and blocks."""
+    query, key, value = (
+        randn(*lead, n, d, seed=seed + i) for i, (n, d) in enumerate(((q_len, 5), (k_len, 5), (k_len, 3)))
+    )
+    mask = torch.rand(q_len, k_len, generator=seeded_generator(seed)) > 0.5
+    mask[:, 0] = True
+    for given_mask in (None, mask):
+        expected = F.scaled_dot_product_attention(query, key, value, attn_mask=given_mask)
+        actual = tiled.tiled_attention(query, key, value, block_size, given_mask)
+        torch.testing.assert_close(actual, expected, atol=1e-12, rtol=0)
+
+
+def test_tiled_attention_is_masked_attention_and_checks_its_arguments():
+    """Rows with no allowed key give zeros, as chapter 3's masked_attention; bad arguments raise."""
+    query, key, value = randn(2, 6, 8, seed=160), randn(2, 13, 8, seed=161), randn(2, 13, 4, seed=162)
+    mask = mask_with_a_key_per_row(2, 6, 13, seed=163)
+    mask[0, 3] = False
+    mask[1, :, :5] = False  # the first block of 5 keys closed to every query of sequence 1
+    expected, _ = masks.masked_attention(query, key, value, mask)
+    torch.testing.assert_close(
+        tiled.tiled_attention(query, key, value, 5, mask), expected, atol=1e-12, rtol=0
+    )
+    assert (tiled.tiled_attention(query, key, value, 5, mask)[0, 3] == 0).all()
+    with pytest.raises(ValueError, match="block_size"):
+        tiled.tiled_attention(query, key, value, 0)
+    with pytest.raises(TypeError, match="boolean"):
+        tiled.tiled_attention(query, key, value, 4, mask.float())
+    with pytest.raises(ValueError, match="k_len"):
+        tiled.tiled_attention(query, key, value[:, :5], 4)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_tiled_attention_on_cuda(dtype, no_tf32):
+    """tiled_attention on the GPU, with a mask, against the float64 reference on the CPU; dtype and device
+    follow the inputs."""
+    query, key, value = (
+        randn(2, 4, 64, 32, seed=170),
+        randn(2, 4, 200, 32, seed=171),
+        randn(2, 4, 200, 16, seed=172),
+    )
+    mask = mask_with_a_key_per_row(2, 1, 64, 200, seed=173)
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    actual = tiled.tiled_attention(*(x.to("cuda", dtype) for x in (query, key, value)), 48, mask.cuda())
+    assert actual.dtype == dtype and actual.device.type == "cuda"
+    torch.testing.assert_close(actual.double().cpu(), expected, atol=GPU_ATOL[dtype], rtol=0)

@@ -1,0 +1,714 @@
+"""Checks of exercise ex11: the online softmax's merge, and tiled attention in O(n) memory.
+
+Visible parts use known answers: a merge worked out by hand; the state of all the keys computed directly from
+their scores; ``F.scaled_dot_product_attention`` and the formula in float64. Hidden parts compare with the
+reference on more sizes, block sizes and dtypes. Known mistakes are rows of two parametrised computations
+written here, :func:`merge` and :func:`tiled` (the running sum not rescaled, the factor the wrong way round,
+the max not updated, the last partial block dropped, ...), tried with the attention family's core rows; a
+result that is NaN is matched by where it is NaN.
+
+The memory cell calls the learner's ``tiled_attention`` through a ``Driver`` whose ``run`` wraps the call in
+an :class:`~attention_course.memory.AllocationTracker`: in the learner's process (the kernel, under
+``attention-grade``), it returns the output and the size of the largest floating-point tensor that the call
+created, as data, and the judge, wherever it runs, bounds that size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from attention_course.checks import attention_family as family
+from attention_course.checks import engine
+from attention_course.checks.attention_family import Sizes
+from attention_course.checks.engine import (
+    Call,
+    Check,
+    CheckFailure,
+    Driver,
+    Mistake,
+    Part,
+    assert_format,
+    assert_shape,
+    assert_values,
+    behaviour,
+    describe,
+    fail,
+    type_name,
+)
+from attention_course.device import seeded_generator
+from attention_course.memory import AllocationTracker
+
+TEXT = engine.table("""
+max not updated: the merged max is max_a: it is the larger of the two, torch.maximum(max_a, max_b)
+max of b: the merged max is max_b: it is the larger of the two, torch.maximum(max_a, max_b)
+max smaller: the merged max is the smaller of the two: it is torch.maximum(max_a, max_b)
+max shift: where neither state has seen a key the merged max must stay -inf (the max of no score); the 0
+    put in its place to avoid exp(-inf - (-inf)) is only for exponentiating
+sum not rescaled: the running sum is not rescaled: when the max rises from m to m_new, the sum so far must be
+    multiplied by exp(m - m_new), as the output is
+output not rescaled: the output is not rescaled: when the max rises from m to m_new, the output so far must be
+    multiplied by exp(m - m_new), as the sum is
+flipped: the rescaling factor is exp(m_new - m), the wrong way round: it must be exp(m - m_new), at most 1
+    (with m = -inf at the start, exp(m_new - m) is inf, and inf * 0 is NaN)
+normalised: the merged output is divided by the merged sum: the state keeps the output unnormalised, and only
+    the caller divides by the sum, once, at the end
+weighted by sums: this is the merge of normalised outputs (Dao et al. 2022, algorithm 1, line 12): here the
+    states keep o unnormalised, so o = exp(m_a - m) o_a + exp(m_b - m) o_b
+no guard: exp(-inf - (-inf)) is NaN: where a query has seen no allowed key yet (its max is -inf, in a state or
+    after a whole block of masked keys), subtract 0 instead of the max, max.masked_fill(max == -inf, 0.0), so
+    that exp(-inf - 0) = 0
+max not kept: the running max is never updated (m = m_new is missing): each block then rescales the state by
+    exp(-inf) = 0 and only the last block of keys counts
+first max kept: the running max stays the first block's: a later block with larger scores overflows exp();
+    the max must be updated to max(m, block max) at every block
+block max only: each block is shifted by its own max instead of max(m, block max): when the scores drop, the
+    factor exp(m - block max) overflows; use m_new = max(m, block max) for both
+per block: each block's output is divided by its own sum: keep the output unnormalised (weights @ value with
+    weights = exp(scores - m_new)) and divide by the running sum once, at the end
+not divided: the output is not divided by the running sum at the end: return output / sum
+last block dropped: the last, shorter block of keys is dropped: when k_len is not a multiple of block_size the
+    last block has k_len % block_size keys (range(0, k_len, block_size), and slicing clips at the end)
+mask after exp: the mask is applied after exp(): the max then includes the masked scores, which may be huge (a
+    padding key can hold anything) and make every allowed weight underflow to 0; fill masked scores with -inf
+    before taking the max
+rule: The course's rule (chapter 3): a query whose mask allows no key gets a zero output.
+NaN rows: such a query's state stays (-inf, 0, 0): exp(-inf - (-inf)) is NaN in the loop unless the max is
+    replaced by 0 there, and output / sum is 0/0 at the end unless the division is skipped where the sum is 0
+    (torch.where(sum > 0, sum, 1.0))
+uniform: its output is the average of the values: masked scores were filled with a finite number
+    (torch.finfo(dtype).min, -1e9), which becomes the max and gives every masked key weight exp(0) = 1; fill
+    them with -inf, and let the guard on -inf keep the state empty
+not zero: find the rows whose mask allows no key (the running sum is 0 there) and return 0 for them
+full scores: the whole score matrix [..., q_len, k_len] (or one as large) is formed: compute the scores one
+    block of keys at a time, query @ key[..., start:stop, :].transpose(-2, -1), and merge each block into
+    the running state before the next
+too large: keep one block of scores, [..., q_len, block_size], at a time; do not stack or concatenate the
+    blocks' scores or weights
+tuple: tiled_attention returns the output alone, [..., q_len, d_v], not a tuple
+state tuple: online_softmax_merge returns the merged state as a tuple (max, sum, out)
+output q_len k_len: the result has one column per key: return the output, the weights times the values,
+    [..., q_len, d_v]
+output q_len d_k: the output has the width of the values (d_v), not of the keys
+max q_len 1: the max is [..., q_len], without a trailing axis of 1 (keepdim=False)
+sum q_len 1: the sum is [..., q_len], without a trailing axis of 1 (keepdim=False)
+""")
+HINTS = family.exception_hints("""
+too many indices | IndexError: a mask may have fewer axes than the scores ([q_len, k_len], [batch, 1, 1,
+    k_len]): slice it along its last axis, mask[..., start:stop]
+NoneType: mask may be None (no mask at all): handle it with `if mask is not None:`
+must match the size of tensor | The size of tensor a: shapes do not line up: the states' max and sum are
+    [..., q_len] and the output [..., q_len, d_v], so a per-query factor needs .unsqueeze(-1) before it
+    multiplies the output; a mask is sliced along its last (key) axis, mask[..., start:stop]
+""")
+MUST_BE_CORRECT = "tiled_attention must be correct before its memory counts. "
+
+
+def _nan_mistake(actual: torch.Tensor, result: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether ``actual`` is NaN or inf exactly where the mistake's ``result`` is, and equal elsewhere."""
+    if not isinstance(actual, torch.Tensor) or actual.shape != result.shape:
+        return False
+    a, r = actual.detach().cpu().double(), result.detach().cpu().double()
+    if not torch.equal(torch.isfinite(a), torch.isfinite(r)):
+        return False
+    finite = torch.isfinite(a)
+    rtol, atol = engine.tolerance(dtype)
+    return torch.allclose(a[finite], r[finite], rtol=rtol, atol=atol)
+
+
+def _values(
+    actual: Any,
+    expected: torch.Tensor,
+    where: str,
+    *,
+    dtype: torch.dtype,
+    rows: Callable[[], Iterable[Mistake]],
+    naive_error: float = 0.0,
+    hints: dict | None = None,
+    note: str = "",
+) -> None:
+    """:func:`~attention_course.checks.engine.assert_values`, with a result that is NaN or inf where the
+    answer is finite matched to a mistake by where it is NaN (``rows()``: the mistakes, in order)."""
+    assert_shape(actual, where, expected.shape, hints, dtype)
+    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    bad = ~torch.isfinite(a) & torch.isfinite(e)
+    if bad.any():
+        index = tuple(torch.nonzero(bad)[0].tolist())
+        cause = next((m.hint for m in rows() if _nan_mistake(actual, m.result, dtype)), "")
+        fail(
+            f"{where} contains NaN or inf ({int(bad.sum())} of {bad.numel()} elements, first at index "
+            f"{list(index)}: {a[index].item()}) where the right answer is finite.",
+            cause or TEXT["no guard"],
+        )
+    assert_values(
+        actual,
+        expected,
+        where,
+        dtype=dtype,
+        naive_error=naive_error,
+        mistakes=lambda: iter(rows()),
+        note=note,
+    )
+
+
+# ==================================================================================================
+# 1. online_softmax_merge
+
+STATE = ("max", "sum", "out")
+NAMES = tuple(f"{name}_{side}" for side in "ab" for name in STATE)  # max_a, sum_a, out_a, max_b, ...
+MERGE_ROWS = (
+    "sum not rescaled",
+    "output not rescaled",
+    "flipped",
+    "normalised",
+    "normalised, guarded",
+    "weighted by sums",
+    "weighted by sums, guarded",
+    "no guard",
+)
+
+
+def block_state(scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The state ``(max, sum, out)`` of a block of (masked) ``scores [..., q_len, block]`` (check code)."""
+    top = scores.amax(dim=-1)  # [..., q_len]
+    weights = torch.exp(scores - top.masked_fill(top == -math.inf, 0.0).unsqueeze(-1))
+    return top, weights.sum(dim=-1), weights @ value
+
+
+def merge(arguments: dict[str, Any], row: str = "") -> tuple[torch.Tensor, ...]:
+    """The merged state as ``row`` computes it, float64 (check code; ``row`` names a mistake in TEXT)."""
+    max_a, sum_a, out_a, max_b, sum_b, out_b = (arguments[name].double() for name in NAMES)
+    top = torch.maximum(max_a, max_b)
+    shift = top if row == "no guard" else top.masked_fill(top == -math.inf, 0.0)
+    scale_a, scale_b = torch.exp(max_a - shift), torch.exp(max_b - shift)
+    if row == "flipped":
+        scale_a, scale_b = torch.exp(shift - max_a), torch.exp(shift - max_b)
+    total = sum_a + sum_b if row == "sum not rescaled" else scale_a * sum_a + scale_b * sum_b
+    out = scale_a[..., None] * out_a + scale_b[..., None] * out_b
+    if row == "output not rescaled":
+        out = out_a + out_b
+    divisor = torch.where(total > 0, total, 1.0) if row.endswith(", guarded") else total
+    if row.startswith("normalised"):
+        out = out / divisor[..., None]
+    if row.startswith("weighted by sums"):
+        weighted = (scale_a * sum_a)[..., None] * out_a + (scale_b * sum_b)[..., None] * out_b
+        out = weighted / divisor[..., None]
+    return top, total, out
+
+
+def _merge_check(
+    part: Part, arguments: dict[str, Any], expected=None, label: str = "", formats=False
+) -> Check:
+    """One call of online_softmax_merge: a tuple of three, their shapes, the max, then the sum and the output
+    against ``expected`` (float64; default: the reference in hidden parts, :func:`merge` in visible ones)."""
+    call = part.call(label, **arguments)
+    first = arguments["out_a"]
+    lead_q = tuple(torch.broadcast_shapes(arguments["max_a"].shape, arguments["max_b"].shape))
+    shapes = {"max": lead_q, "sum": lead_q, "out": (*lead_q, first.size(-1))}
+    hints = {name: {(*lead_q, 1): TEXT.get(f"{name} q_len 1", "")} for name in STATE}
+
+    def judge(result: Any) -> None:
+        if not isinstance(result, tuple | list) or len(result) != 3:
+            length = f" of length {len(result)}" if isinstance(result, tuple | list) else ""
+            fail(
+                f"{call} should return (max, sum, out), got {type_name(result)}{length}.", TEXT["state tuple"]
+            )
+        for name, actual in zip(STATE, result, strict=True):
+            where = f"the {name} returned by {call}"
+            if formats:
+                assert_format(actual, where, shapes[name], first.dtype, first.device, hints[name])
+            else:
+                assert_shape(actual, where, shapes[name], hints[name])
+        answer = expected if expected is not None else _merge_answer(part, arguments)
+        top, where = result[0].detach().cpu().double(), f"the max returned by {call}"
+        named = {"max not updated": arguments["max_a"], "max of b": arguments["max_b"]}
+        named["max smaller"] = torch.minimum(arguments["max_a"], arguments["max_b"])
+        maxima = [Mistake(TEXT[n], v.detach().cpu().double()) for n, v in named.items()]
+        if not torch.equal(top == -math.inf, answer[0].cpu() == -math.inf):
+            cause = next((m.hint for m in maxima if _same_max(top, m.result)), TEXT["max shift"])
+            fail(f"{where} is not -inf exactly where neither state has seen a key.", cause)
+        _values(top, answer[0], where, dtype=first.dtype, rows=lambda: maxima)
+        for index, name in ((1, "sum"), (2, "out")):
+            rows = lambda index=index: [  # noqa: E731
+                Mistake(TEXT[r.removesuffix(", guarded")], merge(arguments, r)[index]) for r in MERGE_ROWS
+            ]
+            where = f"the {name} returned by {call}"
+            _values(result[index], answer[index], where, dtype=first.dtype, rows=rows)
+
+    return Check(call, judge, untouched=formats)
+
+
+def _same_max(actual: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether two maxima are -inf at the same places and close elsewhere (float64 on the CPU)."""
+    infinite = actual == -math.inf
+    if not torch.equal(infinite, other == -math.inf):
+        return False
+    return torch.allclose(actual[~infinite], other[~infinite], rtol=1e-3, atol=1e-3)
+
+
+def _merge_answer(part: Part, arguments: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """The merged state in float64: the reference's in hidden parts, the formula's in visible ones."""
+    if not part.hidden:
+        return merge(arguments)
+    return part.reference(**{name: value.double() for name, value in arguments.items()})
+
+
+def _states(
+    sizes: Sizes, split: int, *, seed: int, device, dtype=torch.float64, mask_kind: str = ""
+) -> tuple:
+    """``(arguments, whole)``: the states of keys ``[:split]`` and ``[split:]`` of random attention inputs
+    (masked with the family's ``mask_kind``), cast to ``dtype``, and the state of all the keys, float64."""
+    inputs = family.qkv(sizes, seed=seed, device=device)
+    scores = inputs["query"] @ inputs["key"].transpose(-2, -1) / math.sqrt(sizes.d_k)  # [..., q_len, k_len]
+    if mask_kind:
+        shape = (*sizes.lead, sizes.q_len, sizes.k_len)
+        scores = scores.masked_fill(
+            ~family.mask(shape, seed=seed + 5, device=device, kind=mask_kind), -math.inf
+        )
+    value = inputs["value"]
+    a = block_state(scores[..., :split], value[..., :split, :])
+    b = block_state(scores[..., split:], value[..., split:, :])
+    arguments = {name: tensor.to(dtype) for name, tensor in zip(NAMES, (*a, *b), strict=True)}
+    return arguments, block_state(scores, value)
+
+
+def _by_hand(device: torch.device) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """States (m, l, o) = (1, 2, [3, -1]) and (3, 1, [1, 2]), and their merge, every number written out."""
+    e = math.exp(-2.0)  # exp(m_a - m) with m = 3; exp(m_b - m) = 1
+    given = ([1.0], [2.0], [[3.0, -1.0]], [3.0], [1.0], [[1.0, 2.0]])
+    arguments = {
+        n: torch.tensor(v, dtype=torch.float64, device=device) for n, v in zip(NAMES, given, strict=True)
+    }
+    merged = ([3.0], [2 * e + 1], [[3 * e + 1, -e + 2]])
+    return arguments, tuple(torch.tensor(v, dtype=torch.float64) for v in merged)
+
+
+# the states' sizes: every axis different; 2, 1 and no leading axes; where the keys are split
+STATE_CASES = ((Sizes((2, 3), 5, 7, 4, 6), 3), (Sizes((3,), 6, 9, 8, 5), 1), (Sizes((), 4, 3, 2, 5), 2))
+HIDDEN_STATE_CASES = (
+    (Sizes((2, 2), 3, 11, 5, 7), 8),
+    (Sizes((4,), 7, 6, 3, 4), 5),
+    (Sizes((), 9, 2, 6, 3), 1),
+)
+
+
+@behaviour(function="online_softmax_merge", points=2, hints=HINTS)
+def merge_two_blocks(part: Part) -> Iterator[Check]:
+    """Merging the states (m, l, o) of two blocks of keys gives the state of all of them: m = max(m_a, m_b),
+    l = exp(m_a - m) l_a + exp(m_b - m) l_b, o = exp(m_a - m) o_a + exp(m_b - m) o_b."""
+    if part.hidden:
+        for case, (sizes, split) in enumerate(HIDDEN_STATE_CASES):  # float64 and float32 by turns
+            dtype = (torch.float64, torch.float32)[case % 2]
+            arguments, _ = _states(sizes, split, seed=300 + 10 * case, device=part.device, dtype=dtype)
+            yield _merge_check(part, arguments)
+        return
+    yield _merge_check(part, *_by_hand(part.device), label=" worked out by hand")
+    for case, (sizes, split) in enumerate(STATE_CASES):
+        arguments, whole = _states(sizes, split, seed=200 + 10 * case, device=part.device)
+        yield _merge_check(part, arguments, whole)
+        if case == 0:  # the larger max in either state
+            swapped = {
+                f"{n}_{side}": arguments[f"{n}_{other}"] for n in STATE for side, other in ("ab", "ba")
+            }
+            yield _merge_check(part, swapped, whole, label=" with the states swapped")
+
+
+@behaviour(function="online_softmax_merge", points=1, hints=HINTS)
+def merge_empty_states(part: Part) -> Iterator[Check]:
+    """A state over no key, (-inf, 0, 0), changes nothing when merged, and two of them merge to (-inf, 0, 0),
+    never NaN: as when a mask leaves a query no key in a block, or in every block."""
+    cases = STATE_CASES if not part.hidden else HIDDEN_STATE_CASES
+    for case, (sizes, split) in enumerate(cases):
+        seed, dtype = (400 if part.hidden else 250) + 10 * case, (torch.float64, torch.float32)[case % 2]
+        arguments, whole = _states(
+            sizes, split, seed=seed, device=part.device, dtype=dtype, mask_kind="empty rows"
+        )
+        yield _merge_check(part, arguments, None if part.hidden else whole, label=" with masked keys")
+        empty = {
+            "max_b": torch.full_like(arguments["max_a"], -math.inf),
+            "sum_b": torch.zeros_like(arguments["sum_a"]),
+            "out_b": torch.zeros_like(arguments["out_a"]),
+        }
+        if case == 0:
+            expected = None if part.hidden else tuple(arguments[f"{n}_a"].double() for n in STATE)
+            yield _merge_check(part, {**arguments, **empty}, expected, label=" with an empty second state")
+        if case == 1:
+            both = {**{n.replace("_b", "_a"): v for n, v in empty.items()}, **empty}
+            nothing = None if part.hidden else tuple(v.double() for v in empty.values())
+            yield _merge_check(part, both, nothing, label=" of two empty states")
+
+
+@behaviour(function="online_softmax_merge", points=1, hints=HINTS)
+def merge_dtype_and_inputs(part: Part) -> Iterator[Check]:
+    """The merged state keeps the inputs' dtype and device (float32, float16, bfloat16); the inputs are left
+    unchanged."""
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    dtypes = dtypes if not part.hidden else (torch.bfloat16, torch.float64, torch.float16)
+    cases = STATE_CASES if not part.hidden else HIDDEN_STATE_CASES
+    for index, dtype in enumerate(dtypes):
+        sizes, split = cases[index % len(cases)]
+        seed = (500 if part.hidden else 270) + 10 * index
+        arguments, _ = _states(sizes, split, seed=seed, device=part.device, dtype=dtype)
+        yield _merge_check(part, arguments, None if part.hidden else merge(arguments), formats=True)
+
+
+# ==================================================================================================
+# 2. tiled_attention
+
+TILED_ROWS = (  # in the order tried: rows whose result is NaN everywhere in one case before "flipped"
+    "sum not rescaled",
+    "output not rescaled",
+    "max not kept",
+    "first max kept",
+    "block max only",
+    "flipped",
+    "per block",
+    "not divided",
+    "last block dropped",
+    "mask after exp",
+    "mask after exp, guarded",
+    "no guard",
+)
+
+
+def tiled(arguments: dict[str, Any], row: str = "") -> torch.Tensor:
+    """Tiled attention as ``row`` computes it, float64 (check code, written apart from the reference)."""
+    query, key, value = (arguments[name].double() for name in ("query", "key", "value"))
+    mask, size = arguments.get("mask"), arguments["block_size"]
+    k_len, after_exp = key.size(-2), row.startswith("mask after exp")
+    top = torch.full(query.shape[:-1], -math.inf, dtype=torch.float64, device=query.device)  # [..., q_len]
+    total = torch.zeros_like(top)
+    out = torch.zeros(*query.shape[:-1], value.size(-1), dtype=torch.float64, device=query.device)
+    end = k_len - k_len % size if row == "last block dropped" else k_len
+    for start in range(0, end, size):
+        scores = query @ key[..., start : start + size, :].transpose(-2, -1) / math.sqrt(query.size(-1))
+        allowed = None if mask is None else mask[..., start : start + size].to(query.device)
+        if allowed is not None and not after_exp:
+            scores = scores.masked_fill(~allowed, -math.inf)
+        if row == "first max kept" and start > 0:
+            new = top
+        elif row == "block max only":
+            new = scores.amax(dim=-1)
+        else:
+            new = torch.maximum(top, scores.amax(dim=-1))
+        shift = new if row == "no guard" else new.masked_fill(new == -math.inf, 0.0)
+        factor = torch.exp(shift - top) if row == "flipped" else torch.exp(top - shift)
+        weights = torch.exp(scores - shift[..., None])
+        if allowed is not None and after_exp:
+            weights = weights * allowed
+        block = weights @ value[..., start : start + size, :]
+        if row == "per block":
+            sums = weights.sum(dim=-1, keepdim=True)
+            block = block / torch.where(sums > 0, sums, 1.0)
+        total = (1.0 if row == "sum not rescaled" else factor) * total + weights.sum(dim=-1)
+        out = (1.0 if row == "output not rescaled" else factor[..., None]) * out + block
+        if row != "max not kept":
+            top = new
+    if row in ("per block", "not divided"):
+        return out
+    if row == "mask after exp":
+        return out / total[..., None]  # 0/0 where every allowed weight underflowed
+    return out / torch.where(total > 0, total, 1.0)[..., None]
+
+
+def _tiled_rows(arguments: dict[str, Any]) -> Iterator[Mistake]:
+    """The tiled rows, then the attention core's (scale, mask), as outputs for ``arguments``, computed one by
+    one as they are tried (the first that reproduces a result ends the search)."""
+    for row in TILED_ROWS:
+        yield Mistake(TEXT[row.removesuffix(", guarded")], tiled(arguments, row))
+    yield from family.mistakes(arguments, "output")
+
+
+def _output(result: Any, call: Call) -> Any:
+    if isinstance(result, tuple | list):
+        fail(f"{call} returned a {type_name(result)}, expected the output tensor.", TEXT["tuple"])
+    return result
+
+
+def _tiled_check(
+    part: Part,
+    arguments: dict[str, Any],
+    sizes: Sizes,
+    answer: family.Answer,
+    *,
+    formats: bool = False,
+    extra: Callable[[torch.Tensor, Call], None] | None = None,
+    note: str = "",
+) -> Check:
+    """One call of tiled_attention: the output's shape (and dtype and device, inputs unchanged, with
+    ``formats``), ``extra(output, call)``, then its values against ``answer(arguments)``'s output."""
+    call = part.call(**arguments)
+    dtype, device = arguments["query"].dtype, arguments["query"].device
+    hints = engine.shapes(TEXT, "output", sizes.lead, q_len=sizes.q_len, k_len=sizes.k_len, d_k=sizes.d_k)
+
+    def judge(result: Any) -> None:
+        output, where = _output(result, call), f"the output of {call}"
+        shape = (*sizes.lead, sizes.q_len, sizes.d_v)
+        if formats:
+            assert_format(output, where, shape, dtype, device, hints)
+        else:
+            assert_shape(output, where, shape, hints)
+        if extra is not None:
+            extra(output, call)
+        expected, errors = answer(arguments)
+        rows = lambda: _tiled_rows(arguments)  # noqa: E731
+        _values(
+            output, expected[0], where, dtype=dtype, rows=rows, naive_error=errors[0], hints=hints, note=note
+        )
+
+    return Check(call, judge, untouched=formats)
+
+
+def _rule(output: torch.Tensor, call: Call) -> None:
+    """The course's rule on the rows whose mask allows no key: an output of exactly 0, nothing NaN."""
+    mask = call.arguments["mask"]
+    empty = (~mask.any(dim=-1)).cpu().expand(output.shape[:-1])  # [..., q_len]
+    finite = torch.isfinite(output.detach().cpu()).all(dim=-1)  # [..., q_len]
+    if not empty.any() or not finite[~empty].all():  # NaN in other rows too: the values' check names it
+        return
+    rows, first = output.detach().cpu().double()[empty], torch.nonzero(empty)[0].tolist()
+    where = f"in the {int(empty.sum())} rows whose mask allows no key (the first at index {first})"
+    if not torch.isfinite(rows).all():
+        fail(f"the output of {call} is NaN or inf {where}. {TEXT['rule']}", TEXT["NaN rows"])
+    if (rows != 0).any():
+        value = call.arguments["value"].detach().cpu().double()
+        average = value.mean(dim=-2, keepdim=True).expand(*output.shape[:-1], value.size(-1))[empty]
+        uniform = torch.allclose(rows, average, atol=1e-2, rtol=1e-2)
+        cause = TEXT["uniform" if uniform else "not zero"]
+        fail(f"the output of {call} is not 0 {where} (largest {rows.abs().max():.4g}). {TEXT['rule']}", cause)
+
+
+def _inputs(sizes: Sizes, block_size: int, *, seed: int, device, dtype=torch.float64, mask=None) -> dict:
+    return {
+        **family.qkv(sizes, seed=seed, device=device, dtype=dtype),
+        "block_size": block_size,
+        "mask": mask,
+    }
+
+
+def _steep(part: Part) -> tuple[Sizes, dict[str, Any]]:
+    """Keys whose middle block has scores a thousand times larger: exp() overflows float64 unless the max is
+    updated at every block, and the state shifted by the new max, never by a block's own."""
+    sizes = Sizes((2,), 4, 20, 8, 3)
+    arguments = _inputs(sizes, 8, seed=40, device=part.device)
+    arguments["key"] = arguments["key"] * torch.cat(
+        (torch.ones(8), torch.full((8,), 1000.0), torch.ones(4))
+    ).to(part.device, torch.float64).view(-1, 1)  # [k_len, 1]: keys 8..15 scaled
+    del arguments["mask"]
+    return sizes, arguments
+
+
+# the visible parts' (sizes, block_size): the last block shorter, one block, blocks of 1, a block wider
+# than k_len; 2, 1 and no leading axes
+BLOCKS = ((Sizes((2, 3), 5, 7, 4, 6), 3), (Sizes((3,), 6, 9, 8, 5), 1), (Sizes((), 4, 3, 2, 5), 8))
+HIDDEN_BLOCKS = (2, 4, 16)  # by HIDDEN_SIZES index: k_len 7, 9 and 3
+
+
+def _hidden(
+    part: Part, dtypes: Sequence[torch.dtype], seed: int, kind: str = "", **options
+) -> Iterator[Check]:
+    """The reference's answers on every family.HIDDEN_SIZES and its block sizes, in ``dtypes`` by turns, with
+    masks of the family's ``kind`` (none if empty)."""
+    for case, (sizes, block_size) in enumerate(zip(family.HIDDEN_SIZES, HIDDEN_BLOCKS, strict=True)):
+        sizes, dtype = (
+            Sizes(sizes.lead, sizes.q_len, sizes.k_len, sizes.d_k, sizes.d_v),
+            dtypes[case % len(dtypes)],
+        )
+        at = seed + 10 * case + block_size
+        arguments = _inputs(sizes, block_size, seed=at, device=part.device, dtype=dtype)
+        if kind:
+            shape = family.mask_shape(sizes)
+            arguments["mask"] = family.mask(shape, seed=at + 5, device=part.device, kind=kind)
+        else:
+            del arguments["mask"]
+        yield _tiled_check(part, arguments, sizes, family.reference(part), **options)
+
+
+@behaviour(function="tiled_attention", points=2, hints=HINTS)
+def tiled_matches_sdpa(part: Part) -> Iterator[Check]:
+    """Without a mask, tiled_attention equals softmax(Q K^T / sqrt(d_k)) V for any block_size: one that
+    divides k_len or not (the last block is shorter), 1, or larger than k_len; also when the scores of one
+    block are a thousand times larger than the others'."""
+    if part.hidden:
+        yield from _hidden(part, (torch.float64, torch.float32), seed=600)
+        return
+    for index, (sizes, block_size) in enumerate(BLOCKS):
+        arguments = _inputs(sizes, block_size, seed=20 + 3 * index, device=part.device)
+        del arguments["mask"]
+        yield _tiled_check(part, arguments, sizes, family.builtin())
+    sizes, arguments = _steep(part)
+    yield _tiled_check(part, arguments, sizes, family.builtin())
+
+
+def _padded(part: Part) -> tuple[Sizes, dict[str, Any]]:
+    """Two sequences padded to 11 keys (lengths 11 and 6), whose padding keys are a thousand times larger."""
+    sizes = Sizes((2, 3), 5, 11, 4, 6)
+    lengths = torch.tensor([11, 6])
+    mask = (torch.arange(11) < lengths[:, None])[:, None, None, :]  # [batch, 1, 1, k_len]
+    arguments = _inputs(sizes, 3, seed=50, device=part.device, mask=mask.to(part.device))
+    garbage = torch.where(mask[:, :, 0, :, None], 1.0, 1000.0).to(part.device, torch.float64)  # [2, 1, 11, 1]
+    arguments["key"] = arguments["key"] * garbage
+    return sizes, arguments
+
+
+@behaviour(function="tiled_attention", points=2, hints=HINTS)
+def tiled_masks(part: Part) -> Iterator[Check]:
+    """With a boolean mask (True = may attend) of several broadcastable shapes, every query allowed some key,
+    it equals F.scaled_dot_product_attention, even where the masked keys hold huge values."""
+    if part.hidden:
+        yield from _hidden(part, (torch.float64, torch.float32), seed=700, kind="mixed")
+        return
+    cases = [  # (sizes, block_size, mask shape): [batch, heads, q, k] and [q, k]; with 1 leading axis, below
+        (Sizes((2, 3), 5, 7, 4, 6), 3, (2, 3, 5, 7)),
+        (Sizes((), 4, 3, 2, 5), 2, (4, 3)),
+    ]
+    for index, (sizes, block_size, shape) in enumerate(cases):
+        mask = family.mask(shape, seed=61 + index, device=part.device, kind="mixed")
+        arguments = _inputs(sizes, block_size, seed=60 + 3 * index, device=part.device, mask=mask)
+        yield _tiled_check(part, arguments, sizes, family.builtin())
+    causal = torch.ones(6, 9, dtype=torch.bool).tril(3).to(part.device)  # bottom-right, [q_len, k_len]
+    sizes = Sizes((3,), 6, 9, 8, 5)
+    yield _tiled_check(
+        part, _inputs(sizes, 4, seed=70, device=part.device, mask=causal), sizes, family.builtin()
+    )
+    sizes, arguments = _padded(part)
+    yield _tiled_check(part, arguments, sizes, family.builtin())
+
+
+@behaviour(function="tiled_attention", points=1, hints=HINTS)
+def tiled_empty_rows(part: Part) -> Iterator[Check]:
+    """A block of keys that the mask closes to a query changes nothing, and a query whose mask allows no key
+    at all gets a zero output, never NaN (float64, float32)."""
+    if part.hidden:
+        yield from _hidden(part, (torch.float64, torch.float32), seed=800, kind="empty rows", extra=_rule)
+        return
+    note = TEXT["rule"]
+    # left padding: sequence 0 has 5 padding keys, so its first blocks are closed to every query
+    sizes = Sizes((2, 3), 5, 7, 4, 6)
+    tokens = torch.tensor([[0, 0, 0, 0, 0, 6, 7], [1, 2, 3, 4, 5, 6, 7]])
+    causal = torch.ones(5, 7, dtype=torch.bool).tril(2)
+    left = ((tokens != 0)[:, None, None, :] & causal).to(part.device)  # [batch, 1, q_len, k_len]
+    cases = [(sizes, 2, left, torch.float64), (sizes, 2, left, torch.float32)]
+    for index, sizes in enumerate((Sizes((3,), 6, 9, 8, 5), Sizes((), 4, 3, 2, 5))):  # and random empty rows
+        mask = family.mask(family.mask_shape(sizes), seed=91 + index, device=part.device, kind="empty rows")
+        cases.append((sizes, 3 + index, mask, torch.float64))
+    for index, (sizes, block_size, mask, dtype) in enumerate(cases):
+        arguments = _inputs(sizes, block_size, seed=90 + index, device=part.device, dtype=dtype, mask=mask)
+        yield _tiled_check(part, arguments, sizes, family.plain(), extra=_rule, note=note)
+
+
+@behaviour(function="tiled_attention", points=1, hints=HINTS)
+def tiled_dtype_and_inputs(part: Part) -> Iterator[Check]:
+    """The output keeps the inputs' dtype and device (float32, float16, bfloat16, with and without a mask);
+    the inputs are left unchanged."""
+    if part.hidden:
+        yield from _hidden(part, (torch.bfloat16, torch.float16), seed=900, kind="mixed", formats=True)
+        return
+    cases = (  # (dtype, sizes, block_size, mask shape): 2, 1 and no leading axes, with a mask and without
+        (torch.float32, Sizes((2, 3), 5, 7, 4, 6), 3, (2, 1, 5, 7)),
+        (torch.float16, Sizes((3,), 6, 9, 8, 5), 4, None),
+        (torch.bfloat16, Sizes((), 4, 3, 2, 5), 2, (4, 3)),
+    )
+    for index, (dtype, sizes, block_size, shape) in enumerate(cases):
+        mask = (
+            None if shape is None else family.mask(shape, seed=101 + index, device=part.device, kind="mixed")
+        )
+        arguments = _inputs(sizes, block_size, seed=100 + index, device=part.device, dtype=dtype, mask=mask)
+        yield _tiled_check(part, arguments, sizes, family.plain(), formats=True)
+
+
+# --- memory: the learner's call inside an AllocationTracker, in the learner's process
+
+
+def _measured(fn: Callable[..., Any], **arguments: Any) -> tuple[Any, tuple[int, list[int]]]:
+    """Call the learner's ``tiled_attention`` inside an :class:`AllocationTracker` (the kernel): its output,
+    and the number of elements and the shape of the largest floating-point tensor the call created."""
+    with AllocationTracker() as tracker:
+        output = fn(**arguments)
+    largest = tracker.largest_floating
+    return output, ((largest.elements, list(largest.shape)) if largest is not None else (0, []))
+
+
+MEASURED = Driver(_measured)
+
+
+def memory_bound(sizes: Sizes, block_size: int) -> int:
+    """Twice the largest of a block of scores ``[*lead, q_len, block_size]``, the inputs and the output."""
+    lead = math.prod(sizes.lead)
+    block = lead * sizes.q_len * min(block_size, sizes.k_len)
+    inputs = lead * max(sizes.q_len * sizes.d_k, sizes.k_len * sizes.d_k, sizes.k_len * sizes.d_v)
+    return 2 * max(block, inputs, lead * sizes.q_len * sizes.d_v)
+
+
+def _memory_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer: family.Answer) -> Check:
+    call = part.call(**arguments)
+    bound, full = (
+        memory_bound(sizes, arguments["block_size"]),
+        math.prod((*sizes.lead, sizes.q_len, sizes.k_len)),
+    )
+    values = _tiled_check(part, arguments, sizes, answer).judge
+    block = list((*sizes.lead, sizes.q_len, arguments["block_size"]))
+
+    def judge(result: Any) -> None:
+        if not isinstance(result, tuple) or len(result) != 2:  # the driver's pair: never the learner's
+            fail(f"the recording of {call} is not the course's (got {describe(result)}).")
+        output, (elements, shape) = result
+        try:
+            values(output)
+        except CheckFailure as failure:
+            raise failure.amended(before=MUST_BE_CORRECT) from None
+        if elements > bound:
+            fail(
+                f"{call} created a floating-point tensor of {elements} elements (shape {shape}): more than "
+                f"{bound}, twice the largest of one block of scores {block}, the inputs and the output. The "
+                f"full score matrix would have {full}.",
+                TEXT["full scores" if elements >= full else "too large"],
+                expected=f"at most {bound} elements",
+                got=str(elements),
+            )
+
+    return Check(call, judge)
+
+
+# (sizes, block_size, mask): q_len * k_len is 2.8 and 2.7 times the bound; k_len not a multiple of block_size.
+# Each call is observed and tracked operator by operator, which costs: one call per part
+MEMORY_CASE = (Sizes((2, 3), 48, 180, 4, 6), 32, "causal")
+HIDDEN_MEMORY_CASE = (Sizes((2, 3), 40, 170, 2, 5), 32, "padding")
+
+
+def _memory_mask(sizes: Sizes, kind: str | None, seed: int, device) -> torch.Tensor | None:
+    """None, a padding mask ``[batch, 1, ..., k_len]`` (every sequence with some keys), or a causal mask
+    ``[q_len, k_len]``."""
+    if kind is None:
+        return None
+    if kind == "causal":
+        return (
+            torch.ones(sizes.q_len, sizes.k_len, dtype=torch.bool).tril(sizes.k_len - sizes.q_len).to(device)
+        )
+    batch = sizes.lead[0] if sizes.lead else 1
+    lengths = torch.randint(sizes.k_len // 2, sizes.k_len + 1, (batch,), generator=seeded_generator(seed))
+    mask = torch.arange(sizes.k_len) < lengths[:, None]  # [batch, k_len]
+    return mask.view(*([batch] if sizes.lead else []), *([1] * len(sizes.lead[1:])), 1, sizes.k_len).to(
+        device
+    )
+
+
+@behaviour(function="tiled_attention", points=2, hints=HINTS, driver=MEASURED)
+def tiled_memory(part: Part) -> Iterator[Check]:
+    """tiled_attention is correct, calls no built-in attention, and never creates a floating-point tensor of
+    more than twice the largest of one block of scores [..., q_len, block_size], the inputs and the output:
+    the full score matrix [..., q_len, k_len] is at least 2.6 times larger here."""
+    sizes, block_size, kind = HIDDEN_MEMORY_CASE if part.hidden else MEMORY_CASE
+    answer = family.reference(part) if part.hidden else family.builtin()
+    seed = 1000 if part.hidden else 110
+    mask = _memory_mask(sizes, kind, seed, part.device)
+    arguments = _inputs(sizes, block_size, seed=seed, device=part.device, dtype=torch.float32, mask=mask)
+    if not part.hidden:  # the rule, on a small call with a mask (the value cells' hidden parts need it not)
+        small = Sizes((2, 3), 5, 7, 4, 6)
+        mask = family.mask((2, 1, 5, 7), seed=130, device=part.device, kind="mixed")
+        call = part.call(**_inputs(small, 3, seed=131, device=part.device, mask=mask))
+        yield family.from_scratch("tiled attention").check([call])
+    yield _memory_check(part, arguments, sizes, answer)
