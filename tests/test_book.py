@@ -42,6 +42,8 @@ def test_there_are_chapters():
         "07",
         "08",
         "09",
+        "10",
+        "11",
     ]
 
 
@@ -79,12 +81,16 @@ def test_book_builds_without_warnings(built_book: BookBuild):
         "chapters/07_transformer_block",
         "chapters/08_positions",
         "chapters/09_conv_heads",
+        "chapters/10_kv_cache",
+        "chapters/11_tiled_attention",
         "exercises/ex04_multi_head/ex04_multi_head",
         "exercises/ex05_grouped_query/ex05_grouped_query",
         "exercises/ex06_cross_attention/ex06_cross_attention",
         "exercises/ex07_transformer_block/ex07_transformer_block",
         "exercises/ex08_positional/ex08_positional",
         "exercises/ex09_conv_heads/ex09_conv_heads",
+        "exercises/ex10_kv_cache/ex10_kv_cache",
+        "exercises/ex11_tiled_attention/ex11_tiled_attention",
         "instructors/index",
         "instructors/authoring",
         "glossary",

@@ -362,6 +362,8 @@ def exercise_functions(number: str) -> list[str]:
         "07_transformer_block",
         "08_positions",
         "09_conv_heads",
+        "10_kv_cache",
+        "11_tiled_attention",
     ],
 )
 def test_chapters_fold_the_functions_an_exercise_asks_for(visits, chapter):
