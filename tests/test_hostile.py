@@ -84,13 +84,10 @@ def _ours(root: Path) -> list[psutil.Process]:
     return alive
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    if not isolation().namespaces:
-        pytest.skip(
-            f"the sandbox cannot isolate here ({isolation().reason}): hostile code would harm the machine"
-        )
-    course = tmp_path_factory.mktemp("course")
+def grade_the_banks(course: Path) -> dict:
+    """Build the scratch course in ``course``, grade the clean, hostile and tampering submissions in one
+    batch, and return the results, whether the course's files are untouched, the processes left and what
+    reached the listener (also ``benchmarks/hostile.py``'s table)."""
     shutil.copy(ROOT / "nbgrader_config.py", course)
     shutil.copytree(ROOT / "solutions", course / "solutions", ignore=shutil.ignore_patterns("__pycache__"))
     with sqlite3.connect(course / "gradebook.db") as database:
@@ -137,6 +134,14 @@ def graded(tmp_path_factory):
         "left": _ours(sandbox_root),
         "listener": listener.received,
     }
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if not isolation().namespaces:
+        reason = isolation().reason
+        pytest.skip(f"the sandbox cannot isolate here ({reason}): hostile code would harm the machine")
+    return grade_the_banks(tmp_path_factory.mktemp("course"))
 
 
 def test_the_bank_is_large():
