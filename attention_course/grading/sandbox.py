@@ -224,6 +224,28 @@ def _hidden() -> list[Path]:
     return [Path(location).resolve() for location in spec.submodule_search_locations]
 
 
+@functools.cache
+def matplotlib_cache() -> Path | None:
+    """matplotlib's configuration folder with its font list built, shared read-only by every sandbox.
+
+    Without it, matplotlib in a fresh sandbox (an empty home) scans the system's fonts (``fc-list``) at its
+    first import: seconds for every fork server. Built once per user, in ``~/.cache/attention-course``.
+    """
+    folder = (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attention-course" / "matplotlib"
+    )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not any(folder.glob("fontlist-*.json")):
+            build = [sys.executable, "-c", "import matplotlib.font_manager"]
+            subprocess.run(
+                build, env={**os.environ, "MPLCONFIGDIR": str(folder)}, capture_output=True, timeout=300
+            )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return folder if any(folder.glob("fontlist-*.json")) else None
+
+
 def solutions_folder(root: Path) -> Path | None:
     """The reference solutions' package folder that hidden tests import in together mode."""
     if (root / "solutions" / "__init__.py").is_file():
@@ -263,7 +285,7 @@ def bwrap_arguments(bwrap: str, scratch: Path, solutions: Path | None = None) ->
     return arguments
 
 
-def environment(scratch: Path) -> dict[str, str]:
+def environment(scratch: Path, mplconfig: str | None = None) -> dict[str, str]:
     """The whole environment of a fork server and its kernels: an allow-list, never the grader's own."""
     kept = {name: os.environ[name] for name in ALLOWED_ENVIRONMENT if name in os.environ}
     return {
@@ -278,6 +300,7 @@ def environment(scratch: Path) -> dict[str, str]:
         "JUPYTER_PLATFORM_DIRS": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # debugpy, imported by ipykernel, warns about frozen modules
+        **({"MPLCONFIGDIR": mplconfig} if mplconfig else {}),
     }
 
 
@@ -302,10 +325,22 @@ class Slot:
         self.solutions = solutions
         self._lock = threading.Lock()
         command = [sys.executable, "-I", "-m", "attention_course.grading.zygote"]
+        # matplotlib wants a writable configuration folder: the prebuilt font list, copied by bubblewrap into
+        # the slot's private /tmp (else every fork server would scan the system's fonts again)
+        cache, fonts = matplotlib_cache(), ()
+        self.mplconfig = str(cache) if cache is not None else None
         if isolation.namespaces:
             assert isolation.bwrap is not None
+            files = sorted(cache.glob("fontlist-*.json")) if cache is not None else []
+            fonts = tuple(os.open(file, os.O_RDONLY) for file in files)
+            copies = [
+                ["--file", str(fd), f"/tmp/matplotlib/{file.name}"]
+                for fd, file in zip(fonts, files, strict=True)
+            ]
+            self.mplconfig = "/tmp/matplotlib" if files else None
             command = [
                 *bwrap_arguments(isolation.bwrap, self.scratch, solutions),
+                *(["--dir", "/tmp/matplotlib", *[a for copy in copies for a in copy]] if files else []),
                 *command,
                 "--own-pid-namespace",
             ]
@@ -328,10 +363,13 @@ class Slot:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=environment(self.scratch),
+                env=environment(self.scratch, self.mplconfig),
+                pass_fds=fonts,
                 cwd=self.scratch,
                 start_new_session=True,  # an interrupt at the grader's terminal is not the kernels'
             )
+        for fd in fonts:
+            os.close(fd)
         self.ready: dict[str, Any] | None = None
 
     def wait_ready(self) -> None:
@@ -381,7 +419,7 @@ class Slot:
 
     def spawn(self, argv: list[str], cwd: Path, limits: Limits) -> int:
         """Fork a kernel with ``argv`` (``IPKernelApp`` arguments) in ``cwd``; return its pid in the slot."""
-        env = {**environment(self.scratch), "HOME": str(cwd / "home")}
+        env = {**environment(self.scratch, self.mplconfig), "HOME": str(cwd / "home")}
         (cwd / "home").mkdir(exist_ok=True)
         answer = self.request(
             "spawn",
