@@ -6,6 +6,8 @@
 #   make lint      ruff check and format check
 #   make notebooks regenerate the chapters' notebooks chapters/*.ipynb (for Colab and Binder) from the .md
 #   make chromium  install Debian's chromium for the browser tests, if missing (needs root and apt-get)
+#   make postgresql install Debian's PostgreSQL server for the gradebook tests, if missing (root and apt-get)
+#   make student-release DEST=dir   a copy of the course for learners: no solutions, banks or hidden tests
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
@@ -18,7 +20,7 @@ TORCH_INDEX ?=
 ASSIGNMENT ?= ex02_scaled_dot_product
 SUBMISSIONS ?= submitted
 
-.PHONY: book test release grade lint clean notebooks chromium
+.PHONY: book test release grade lint clean notebooks chromium postgresql student-release
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,8 +32,8 @@ book: $(VENV)/.installed
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The book is in _build/html: open _build/html/index.html in a browser."
 
-test: $(VENV)/.installed chromium
-	$(BIN)/python -m pytest -n auto --dist loadgroup
+test: $(VENV)/.installed chromium postgresql
+	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=40
 
 release: $(VENV)/.installed
 	PATH="$(BIN):$$PATH" $(BIN)/attention-release
@@ -48,6 +50,18 @@ chromium:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else echo "chromium is missing and needs root and apt-get to install: the browser tests will be skipped"; fi
+
+# The gradebook tests start and stop a PostgreSQL server of their own (Debian's binaries, a Unix socket in a
+# temporary folder); without root or apt-get they are skipped, saying why.
+postgresql:
+	@if ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	else echo "PostgreSQL is missing and needs root and apt-get to install: its gradebook tests will be skipped"; fi
+
+student-release: $(VENV)/.installed
+	@test -n "$(DEST)" || { echo "usage: make student-release DEST=folder"; exit 2; }
+	$(BIN)/python -m attention_course.grading.student_release "$(DEST)"
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -23,11 +23,23 @@ from attention_course.grading.submission import Job, SubmissionResult, assignmen
 
 
 def _grader_error(job: Job, error: BaseException) -> SubmissionResult:
-    context = assignment_context(job.assignment, job.root, job.mode)
     last = traceback.format_exception_only(type(error), error)[-1].strip()
     message = f"the grader failed (not the submission's fault): {last[:500]}"
-    cells = score(nbformat.v4.new_notebook(), context.master, stopped=message)
-    return SubmissionResult(job.student, str(job.path), "grader error", 0.0, cells, message)
+    try:
+        master = assignment_context(job.assignment, job.root, job.mode).master
+        cells = score(nbformat.v4.new_notebook(), master, stopped=message)
+    except Exception:  # the assignment itself cannot be loaded (what failed the grading, likely)
+        cells = []
+    return SubmissionResult(
+        job.student,
+        str(job.path),
+        "grader error",
+        0.0,
+        cells,
+        message,
+        assignment=job.assignment,
+        mode=job.mode,
+    )
 
 
 def grade_batch(

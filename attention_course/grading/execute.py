@@ -20,6 +20,7 @@ After ``max_restarts`` such recoveries it stops. What happened comes back as a t
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,7 +257,9 @@ def execute(
                     if left <= 0:
                         record.stopped = f"the submission was stopped at its time limit of {limits.timeout} s"
                         break
-                    client.timeout = max(1, int(min(limits.cell_timeout, left)))
+                    client.timeout = max(
+                        1, math.ceil(min(limits.cell_timeout, left))
+                    )  # never before the limit
                     try:
                         client.execute_cell(notebook.cells[index], index)
                     except (CellTimeoutError, DeadKernelError) as error:

@@ -232,6 +232,11 @@ class CellResult:
     nbgrader scores as a failure), ``not run`` (the kernel died or the submission ran out of time before
     the cell), ``manual`` (a written answer waiting for a human) and ``no response`` (a written answer
     left blank, scored 0 by nbgrader).
+
+    When the grader's judge failed the cell (split mode), ``part`` says which part of its check failed,
+    ``"visible"`` or ``"hidden"``, ``cause`` is the failure's likely cause and ``raised`` whether the
+    learner's function raised an exception; otherwise ``part`` is ``""``. Feedback for learners reveals a
+    hidden part's failure only in general terms (:mod:`~attention_course.grading.feedback`).
     """
 
     grade_id: str
@@ -240,6 +245,9 @@ class CellResult:
     max_points: float
     status: str
     message: str = ""
+    part: str = ""
+    cause: str = ""
+    raised: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -301,8 +309,9 @@ def score(
         master: the master notebook (:func:`master_notebook`), for the list of grade cells.
         stopped: why execution stopped early, if it did (cells that did not run get 0 and this reason).
         judged: split mode: the grader's verdict on each test cell that ran (``None`` when its recordings
-            pass, else the failure). A test cell then passes when it ran without error or stderr output, as
-            nbgrader requires, *and* its verdict passes; what its outputs show cannot earn points.
+            pass, else a :class:`~attention_course.grading.split.Verdict`). A test cell then passes when it
+            ran without error or stderr output, as nbgrader requires, *and* its verdict passes; what its
+            outputs show cannot earn points.
         gave_up_after: the index of the cell after which execution gave up replacing dead kernels, if it did.
 
     Returns:
@@ -352,15 +361,18 @@ def score(
             )
         else:
             status, message = "passed", ""
+        part, cause, raised = "", "", False
         if judged is not None:  # split mode: the recordings decide, on top of a clean run
             verdict = judged.get(grade_id, "the cell's check did not run")
-            if status == "passed" and verdict is not None:
-                status, message = (
-                    "failed",
-                    f"CheckFailure: {verdict}" if not isinstance(verdict, str) else verdict,
-                )
+            if status == "passed" and isinstance(verdict, str):
+                status, message = "failed", verdict
+            elif status == "passed" and verdict is not None:
+                failure = verdict.failure
+                status, message = "failed", f"CheckFailure: {failure}"
+                part, cause, raised = verdict.part, failure.cause, failure.raised
             auto_score = max_points if status == "passed" else 0.0
         elif status != "passed" and auto_score:
             status = "passed"  # a partial-credit output; nbgrader's rule wins
-        results.append(CellResult(grade_id, kind, float(auto_score or 0.0), max_points, status, message))
+        points = float(auto_score or 0.0)
+        results.append(CellResult(grade_id, kind, points, max_points, status, message, part, cause, raised))
     return results

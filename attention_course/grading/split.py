@@ -3,7 +3,7 @@
 Before a submission's kernel starts, :func:`make_plans` builds every behaviour's checks (visible and
 hidden, with the reference) and :func:`write_inputs` writes their calls' arguments where the kernel reads
 them. After the kernel stops, :func:`judge_cell` reads what a test cell recorded (:func:`read_recording`:
-sealed by the worker, bounded, validated, never unpickled) and runs the judges that a test cell runs in
+sealed by the grader, bounded, validated, never unpickled) and runs the judges that a test cell runs in
 one process. Nothing here runs learner code.
 """
 
@@ -66,7 +66,7 @@ def read_recording(
     """The learner's function and the outcomes that test cell ``cell`` recorded for ``part``, verified.
 
     Raises:
-        RecordingError: if the recording is missing, not sealed by the worker for this cell, too large,
+        RecordingError: if the recording is missing, not sealed for this cell, too large,
             made while a check ran inside the learner's function, or does not decode.
     """
     stem = f"{cell}-{name}-{part}"
@@ -89,8 +89,21 @@ def read_recording(
     return learner, [decode_outcome(node, tensors) for node in outcomes]
 
 
-def judge_cell(plans: Plans, name: str, session: Path, key: bytes, *, cell: int) -> CheckFailure | None:
-    """The verdict on test cell ``cell`` from its recordings: ``None`` if it passes, else the failure.
+@dataclass(frozen=True)
+class Verdict:
+    """Why a test cell fails: the ``part`` whose check failed (``"visible"`` or ``"hidden"``) and the failure.
+
+    Feedback for learners shows a visible part's failure as it is, and only what is general about a hidden
+    part's (:mod:`~attention_course.grading.feedback`): the part is data, never read from a message.
+    """
+
+    part: str
+    failure: CheckFailure
+
+
+def judge_parts(plans: Plans, name: str, session: Path, key: bytes, *, cell: int) -> Verdict | None:
+    """The verdict on test cell ``cell`` from its recordings: ``None`` if it passes, else which part failed
+    and how.
 
     The visible part is judged first, then the hidden part, as a test cell runs them.
     """
@@ -99,9 +112,15 @@ def judge_cell(plans: Plans, name: str, session: Path, key: bytes, *, cell: int)
         try:
             learner, outcomes = read_recording(session, key, cell=cell, name=name, part=part)
         except RecordingError as error:
-            return CheckFailure(f"the {part} part of {name} could not be judged: {error}.")
+            return Verdict(part, CheckFailure(f"the {part} part of {name} could not be judged: {error}."))
         try:
             behaviour.judge(plans.checks[(name, part)], learner, outcomes)
         except CheckFailure as failure:
-            return failure
+            return Verdict(part, failure)
     return None
+
+
+def judge_cell(plans: Plans, name: str, session: Path, key: bytes, *, cell: int) -> CheckFailure | None:
+    """The failure of test cell ``cell`` (:func:`judge_parts` without the part): ``None`` if it passes."""
+    verdict = judge_parts(plans, name, session, key, cell=cell)
+    return None if verdict is None else verdict.failure

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import nbformat
 
-from attention_course.checks.engine import CheckFailure
 from attention_course.grading import split
 from attention_course.grading.execute import Execution, execute
 from attention_course.grading.notebooks import CellResult, master_notebook, prepare, recover_metadata, score
@@ -55,6 +54,8 @@ class Job:
         root: the course directory (its ``solutions/`` holds the source notebook and the reference).
         limits: the sandbox's limits.
         mode: ``"split"`` (test cells judged in this process) or ``"together"`` (in the kernel, as nbgrader).
+        content: the notebook's bytes, read where the job was made, for a process that cannot read ``path``
+            (a worker on another machine); ``None``: the grading process reads ``path``.
     """
 
     assignment: str
@@ -63,11 +64,17 @@ class Job:
     root: Path
     limits: Limits = DEFAULT_LIMITS
     mode: str = "split"
+    content: bytes | None = field(default=None, repr=False)
 
 
 @dataclass
 class SubmissionResult:
-    """The grades of one submission (``status``: a key of :data:`STATUSES`)."""
+    """The grades of one submission (``status``: a key of :data:`STATUSES`).
+
+    ``notebook`` is the prepared submission with the outputs of the cells that ran (``None`` when it could
+    not be read): what nbgrader's gradebook and feedback show (:mod:`~attention_course.grading.gradebook`).
+    ``mode`` is how its test cells were judged (see :class:`Job`).
+    """
 
     student: str
     path: str
@@ -76,6 +83,9 @@ class SubmissionResult:
     cells: list[CellResult] = field(default_factory=list)
     message: str = ""
     warnings: list[str] = field(default_factory=list)
+    assignment: str = ""
+    mode: str = "split"
+    notebook: nbformat.NotebookNode | None = field(default=None, repr=False)
 
     @property
     def score(self) -> float:
@@ -88,6 +98,8 @@ class SubmissionResult:
     def as_dict(self) -> dict:
         return {
             "student": self.student,
+            "assignment": self.assignment,
+            "mode": self.mode,
             "path": self.path,
             "status": self.status,
             "message": self.message,
@@ -132,32 +144,39 @@ def assignment_context(assignment_id: str, root: Path, mode: str) -> AssignmentC
 
 
 @functools.cache
-def default_sandbox(solutions: Path | None = None) -> Sandbox:
-    """The process's own sandbox, for executors that run :func:`grade_submission` in other processes."""
-    sandbox = Sandbox(solutions=solutions)
+def default_sandbox(solutions: Path | None = None, limits: Limits = DEFAULT_LIMITS) -> Sandbox:
+    """The process's own sandbox, for executors that run :func:`grade_submission` in other processes (a
+    process pool, a Dask worker): one per process, its slots growing with the threads that grade at once."""
+    sandbox = Sandbox(solutions=solutions, limits=limits)
     atexit.register(sandbox.close)
     return sandbox
 
 
-def read_submission(path: Path, master: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[str]]:
-    """The submitted notebook, its grade cells found even where an editor stripped their metadata.
+def read_submission(
+    path: Path, master: nbformat.NotebookNode, content: bytes | None = None
+) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The submitted notebook (``content``: its bytes, else read from ``path``), its grade cells found even
+    where an editor stripped their metadata.
 
     Raises:
         ValueError, OSError: if the file is too large or not a notebook.
     """
-    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+    size = len(content) if content is not None else path.stat().st_size
+    if size > MAX_NOTEBOOK_BYTES:
         raise ValueError(f"the file has more than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
-    submission = nbformat.read(path, as_version=4)
+    if content is None:
+        content = path.read_bytes()
+    submission = nbformat.reads(content.decode("utf-8"), as_version=4)
     return recover_metadata(submission, master)
 
 
 def _judge(plans: split.Plans, session: Path, key: bytes, executed: nbformat.NotebookNode) -> dict:
-    """The verdict on every test cell that ran, from its recordings: ``{grade_id: None or failure}``."""
-    verdicts: dict[str, CheckFailure | None] = {}
+    """The verdict on every test cell that ran, from its recordings: ``{grade_id: None or Verdict}``."""
+    verdicts: dict[str, split.Verdict | None] = {}
     for index, cell in enumerate(executed.cells):  # each test cell's recordings were sealed by its index
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id in plans.behaviours and cell.get("execution_count") is not None:
-            verdicts[grade_id] = split.judge_cell(plans, grade_id, session, key, cell=index)
+            verdicts[grade_id] = split.judge_parts(plans, grade_id, session, key, cell=index)
     return verdicts
 
 
@@ -182,16 +201,29 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
     a broken or hostile submission."""
     start = time.monotonic()
     context = assignment_context(job.assignment, job.root, job.mode)
+
+    def result(status: str, cells: list[CellResult], message: str = "", warnings=(), notebook=None):
+        return SubmissionResult(
+            job.student,
+            str(job.path),
+            status,
+            time.monotonic() - start,
+            cells,
+            message,
+            list(warnings),
+            job.assignment,
+            job.mode,
+            notebook,
+        )
+
     try:
-        submission, warnings = read_submission(job.path, context.master)
+        submission, warnings = read_submission(job.path, context.master, job.content)
         prepared = prepare(submission, context.master)
     except Exception as error:  # not a notebook, broken JSON, too large, ...
         cells = score(nbformat.v4.new_notebook(), context.master, stopped="the notebook could not be read")
-        message = f"{type(error).__name__}: {str(error)[:500]}"
-        return SubmissionResult(
-            job.student, str(job.path), "unreadable", time.monotonic() - start, cells, message
-        )
-    sandbox = sandbox or default_sandbox(solutions_folder(job.root) if job.mode == "together" else None)
+        return result("unreadable", cells, f"{type(error).__name__}: {str(error)[:500]}")
+    solutions = solutions_folder(job.root) if job.mode == "together" else None
+    sandbox = sandbox or default_sandbox(solutions, job.limits)
     key = secrets.token_bytes(32)
     private = Path(tempfile.mkdtemp(prefix="grade-recordings-"))  # outside every sandbox
     try:
@@ -214,15 +246,7 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
                         shutil.move(session / "recordings", private / "recordings")
         except SandboxError as error:
             cells = score(prepared, context.master, stopped=f"the grader failed: {error}")
-            return SubmissionResult(
-                job.student,
-                str(job.path),
-                "grader error",
-                time.monotonic() - start,
-                cells,
-                str(error),
-                warnings,
-            )
+            return result("grader error", cells, str(error), warnings)
         status, message, stopped = _status(execution)
         judged = None
         if context.plans is not None:
@@ -236,6 +260,4 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
         )
     finally:
         shutil.rmtree(private, ignore_errors=True)
-    return SubmissionResult(
-        job.student, str(job.path), status, time.monotonic() - start, cells, message, warnings
-    )
+    return result(status, cells, message, warnings, execution.notebook)

@@ -56,7 +56,7 @@ def preload() -> None:
     import matplotlib.pyplot
     import numpy  # noqa: F401
     import torch
-    import torch._dynamo  # noqa: F401  (PyTorch's Python references, meta tensors' among them, import it: 2 s)
+    import torch._dynamo  # PyTorch's Python references (meta tensors' among them) import it: 2 s
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
