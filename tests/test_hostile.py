@@ -29,6 +29,7 @@ import psutil
 import pytest
 
 from attention_course.grading.batch import grade_batch
+from attention_course.grading.execute import execute
 from attention_course.grading.sandbox import Limits, Sandbox, isolation
 from attention_course.grading.submission import Job, grade_submission
 from tests.banks import _bank, tampering
@@ -198,3 +199,32 @@ def test_course_files_gradebook_and_submissions_are_untouched(graded):
 
 def test_nothing_reached_the_listener(graded):
     assert graded["listener"] == []
+
+
+def test_nothing_a_submission_leaves_in_its_slot_reaches_the_next_one():
+    """One slot grades two submissions in turn: what the first leaves in the slot's private /tmp, /dev/shm,
+    home, working folder or System V shared memory is gone when the second runs."""
+    if not isolation().namespaces:
+        pytest.skip(f"the sandbox cannot isolate here ({isolation().reason})")
+    plant = nbformat.v4.new_code_cell(
+        "import ctypes, os, pathlib\n"
+        "for folder in ('/tmp', '/dev/shm', os.path.expanduser('~'), os.getcwd()):\n"
+        "    pathlib.Path(folder, 'planted').write_text('for the next submission')\n"
+        "libc = ctypes.CDLL(None)\n"
+        "assert libc.shmget(0x5EED, 4096, 0o1666) >= 0  # IPC_CREAT"
+    )
+    look = nbformat.v4.new_code_cell(
+        "import ctypes, os, pathlib\n"
+        "found = [f for f in ('/tmp', '/dev/shm', os.path.expanduser('~'), os.getcwd())\n"
+        "         if pathlib.Path(f, 'planted').exists()]\n"
+        "assert not found, found\n"
+        "assert ctypes.CDLL(None).shmget(0x5EED, 0, 0o666) == -1, 'the shared memory segment is still there'"
+    )
+    with Sandbox(max_slots=1) as sandbox:
+        outputs = []
+        for cell in (plant, look):
+            with sandbox.slot() as slot:
+                executed = execute(nbformat.v4.new_notebook(cells=[cell]), slot, Limits(cell_timeout=60))
+            outputs.append(executed.notebook.cells[0].outputs)
+    assert not [o for o in outputs[0] if o.output_type == "error"], outputs[0]  # the planting worked
+    assert not [o for o in outputs[1] if o.output_type == "error"], outputs[1]

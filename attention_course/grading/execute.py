@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-from jupyter_client.utils import ensure_async
+from jupyter_client.utils import ensure_async, run_sync
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
@@ -150,6 +150,8 @@ class _Client(NotebookClient):
         self.kc.allow_stdin = False
         return self.kc
 
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient's sync name calls this one
+
     def output(self, outs: list[NotebookNode], msg: dict[str, Any], display_id: str | None, cell_index: int):
         """Keep a cell's first ``output_limit`` characters of output; after that, only a note (and whether it
         wrote to stderr, which nbgrader scores)."""
@@ -238,7 +240,7 @@ def execute(
         client.output_limit = limits.output_mib * 2**20
         stopped: tuple[int, Exception] | None = None
         try:
-            with client.setup_kernel():
+            with client.setup_kernel(cleanup_kc=True):  # stop the channels and the kernel, even on a failure
                 assert client.kc is not None
                 if session is not None and not (session / f"started-{len(record.restarts)}").exists():
                     raise RuntimeError("the recorder did not start in the kernel: split mode is off")

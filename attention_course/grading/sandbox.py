@@ -27,6 +27,7 @@ allow-list, the limits, and the sweep of the kernel's session.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import importlib.util
@@ -581,8 +582,6 @@ class ForkProvisioner(LocalProvisioner):
         return self._returncode
 
     async def wait(self) -> int | None:
-        import asyncio
-
         while await self.poll() is None:
             await asyncio.sleep(0.02)
         return self._returncode
@@ -592,7 +591,13 @@ class ForkProvisioner(LocalProvisioner):
             self.slot.request("signal", pid=self.pid, signum=int(signum))
 
     async def kill(self, restart: bool = False) -> None:
+        """SIGKILL, then wait until the fork server has reaped the kernel (jupyter_client would otherwise
+        poll every 100 ms)."""
         await self.send_signal(signal.SIGKILL)
+        for _ in range(200):
+            if await self.poll() is not None:
+                return
+            await asyncio.sleep(0.005)
 
     async def terminate(self, restart: bool = False) -> None:
         await self.send_signal(signal.SIGTERM)

@@ -19,7 +19,8 @@ request per line on its standard input, on its standard output:
 - ``{"op": "poll", "pid": ...}`` answers its ``returncode`` (``null`` while it runs; ``-N`` for a signal);
 - ``{"op": "signal", "pid": ..., "signum": ...}`` signals the kernel's process group;
 - ``{"op": "sweep"}`` kills every other process this server can see (in its own PID namespace: every process
-  the submission started, orphans and daemons included) and answers how many there were.
+  the submission started, orphans and daemons included), empties the sandbox's private ``/tmp`` and
+  ``/dev/shm`` and removes its System V IPC objects, and answers how many processes there were.
 
 Run by the sandbox as ``python -I -m attention_course.grading.zygote``; people never need to.
 """
@@ -31,7 +32,9 @@ import gc
 import json
 import os
 import resource
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from typing import Any, BinaryIO
@@ -183,6 +186,34 @@ def _sweep(keep: set[int], sessions: set[int] | None) -> int:
     return len(killed)
 
 
+#: what the slot keeps from one submission to the next in its private /tmp: matplotlib's font list, read once
+#: by this server before any kernel ran (a kernel that edits it changes nothing later)
+KEPT_IN_TMP = {"matplotlib"}
+
+
+def _wipe_private_places() -> None:
+    """Empty the places a kernel could leave something in for the next submission of this slot: the
+    sandbox's private /tmp and /dev/shm, and its System V IPC objects (``ipcrm --all``)."""
+    for folder, kept in (("/tmp", KEPT_IN_TMP), ("/dev/shm", set())):
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for name in entries:
+            if name in kept:
+                continue
+            path = os.path.join(folder, name)
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+    if shutil.which("ipcrm"):
+        subprocess.run(["ipcrm", "--all"], capture_output=True, check=False)
+
+
 def _session(pid: int) -> int | None:
     try:
         return os.getsid(pid)
@@ -246,7 +277,10 @@ def serve(requests: BinaryIO, answers: BinaryIO, protocol: list[int], own_namesp
                     pass
                 answer({"ok": True})
             elif op == "sweep":
-                answer({"ok": True, "killed": _sweep(keep, None if own_namespace else sessions)})
+                killed = _sweep(keep, None if own_namespace else sessions)
+                if own_namespace:  # /tmp and /dev/shm are the slot's own only in its own namespaces
+                    _wipe_private_places()
+                answer({"ok": True, "killed": killed})
                 EXITED.clear()
                 sessions.clear()
             elif op == "ping":
