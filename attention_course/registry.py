@@ -31,6 +31,8 @@ class Assignment:
         checks: the module of its behaviours: those it defines are the test cells, in notebook order.
         bank: the module of realistic wrong and right implementations that the tests run the checks on
             (in the repository's ``tests/``, not in an installed course).
+        preload: modules that ``attention-grade``'s fork servers import once before forking kernels for this
+            assignment, because its notebooks would otherwise import them in every kernel (slowly).
     """
 
     id: str
@@ -38,6 +40,7 @@ class Assignment:
     reference: str
     checks: str
     bank: str
+    preload: tuple[str, ...] = ()
 
     @property
     def library(self) -> str:
@@ -84,6 +87,8 @@ ASSIGNMENTS: dict[str, Assignment] = {
             reference="solutions.masks",
             checks="attention_course.checks.ex03",
             bank="tests.banks.ex03",
+            # tensors on the meta device use PyTorch's Python references, which import torch._dynamo (2 s)
+            preload=("torch._dynamo",),
         ),
         Assignment(
             "ex04_multi_head",

@@ -179,6 +179,7 @@ def execute(
     key: bytes = b"",
     max_restarts: int = 3,
     deadline: float | None = None,
+    preload: tuple[str, ...] = (),
 ) -> Execution:
     """Execute ``prepared`` in kernels forked by ``slot``, in the slot's scratch folder.
 
@@ -188,6 +189,8 @@ def execute(
         limits: time limits per cell and per submission, memory, processes.
         session: split mode: the recorder's folder in the slot's scratch; ``key`` seals the recordings.
         max_restarts: how many kernels may be replaced before execution stops.
+        preload: modules the fork server imports before it forks (the assignment's
+            :attr:`~attention_course.registry.Assignment.preload`).
         deadline: the ``time.monotonic()`` by which the submission must end (default: ``limits.timeout`` on).
 
     Returns:
@@ -221,7 +224,7 @@ def execute(
             break
         client = _Client(
             notebook,
-            km=kernel_manager(slot, work, limits),
+            km=kernel_manager(slot, work, limits, preload),
             timeout=limits.cell_timeout,
             startup_timeout=max(1, min(60, int(deadline - time.monotonic()))),
             interrupt_on_timeout=True,

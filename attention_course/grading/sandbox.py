@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -418,8 +418,9 @@ class Slot:
             raise SandboxError(f"the fork server refused {op}: {answer.get('error')}")
         return answer
 
-    def spawn(self, argv: list[str], cwd: Path, limits: Limits) -> int:
-        """Fork a kernel with ``argv`` (``IPKernelApp`` arguments) in ``cwd``; return its pid in the slot."""
+    def spawn(self, argv: list[str], cwd: Path, limits: Limits, preload: Sequence[str] = ()) -> int:
+        """Fork a kernel with ``argv`` (``IPKernelApp`` arguments) in ``cwd``, after the fork server imported
+        the modules ``preload`` names (once: later kernels inherit them); return its pid in the slot."""
         env = {**environment(self.scratch, self.mplconfig), "HOME": str(cwd / "home")}
         (cwd / "home").mkdir(exist_ok=True)
         answer = self.request(
@@ -429,6 +430,7 @@ class Slot:
             env=env,
             log=str(cwd / "kernel.log"),
             path=[str(self.solutions.parent)] if self.solutions else [],
+            preload=list(preload),
             limits={
                 "memory_mib": limits.memory_mib,
                 "processes": limits.processes,
@@ -557,6 +559,7 @@ class ForkProvisioner(LocalProvisioner):
     slot: Slot
     cwd_path: Path
     limits: Limits
+    preload: tuple[str, ...] = ()
     _extra: list[str]
     _returncode: int | None = None
 
@@ -566,7 +569,7 @@ class ForkProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
         argv = ["-f", self.parent.connection_file, *self._extra]
-        self.pid = self.pgid = self.slot.spawn(argv, self.cwd_path, self.limits)
+        self.pid = self.pgid = self.slot.spawn(argv, self.cwd_path, self.limits, self.preload)
         self._returncode = None
         return self.connection_info
 
@@ -603,8 +606,9 @@ class ForkProvisioner(LocalProvisioner):
         await self.send_signal(signal.SIGTERM)
 
 
-def kernel_manager(slot: Slot, cwd: Path, limits: Limits) -> AsyncKernelManager:
-    """A kernel manager whose kernel a slot forks in ``cwd``, over Unix sockets in the slot's scratch."""
+def kernel_manager(slot: Slot, cwd: Path, limits: Limits, preload: Sequence[str] = ()) -> AsyncKernelManager:
+    """A kernel manager whose kernel a slot forks in ``cwd``, over Unix sockets in the slot's scratch, after
+    its fork server has imported ``preload`` (once)."""
     manager = AsyncKernelManager(
         kernel_name="python3",
         transport="ipc",
@@ -614,5 +618,6 @@ def kernel_manager(slot: Slot, cwd: Path, limits: Limits) -> AsyncKernelManager:
     )
     provisioner = ForkProvisioner(kernel_id="", kernel_spec=manager.kernel_spec, parent=manager)
     provisioner.slot, provisioner.cwd_path, provisioner.limits = slot, cwd, limits
+    provisioner.preload = tuple(preload)
     manager.provisioner = provisioner
     return manager

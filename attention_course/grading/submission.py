@@ -237,7 +237,13 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
                     session = slot.scratch / "session"
                     shutil.copytree(context.inputs, session / "inputs")
                 execution = execute(
-                    prepared, slot, job.limits, session=session, key=key, deadline=start + job.limits.timeout
+                    prepared,
+                    slot,
+                    job.limits,
+                    session=session,
+                    key=key,
+                    deadline=start + job.limits.timeout,
+                    preload=ASSIGNMENTS[job.assignment].preload,
                 )
                 if session is not None:
                     if slot.alive:

@@ -14,8 +14,8 @@ it can): it sees no solutions, no gradebook and no other submission, and has no 
 learner code itself; it is not dumpable, so a child cannot trace it or read its memory. It answers one JSON
 request per line on its standard input, on its standard output:
 
-- ``{"op": "spawn", "argv": [...], "cwd": ..., "env": {...}, "limits": {...}}`` forks a kernel and answers
-  its ``pid``;
+- ``{"op": "spawn", "argv": [...], "cwd": ..., "env": {...}, "limits": {...}, "preload": [...]}`` imports
+  the ``preload`` modules it has not imported yet, forks a kernel and answers its ``pid``;
 - ``{"op": "poll", "pid": ...}`` answers its ``returncode`` (``null`` while it runs; ``-N`` for a signal);
 - ``{"op": "signal", "pid": ..., "signum": ...}`` signals the kernel's process group;
 - ``{"op": "sweep"}`` kills every other process this server can see (in its own PID namespace: every process
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib
 import json
 import os
 import resource
@@ -45,7 +46,12 @@ PR_SET_DUMPABLE = 4
 
 
 def preload() -> None:
-    """Import what graded notebooks import, and run once what PyTorch and IPython load on first use."""
+    """Import what graded notebooks import, and run once what PyTorch and IPython load on first use.
+
+    The kernel's own modules come first: ipykernel's debugger (debugpy) alone is a third of a kernel's
+    start. matplotlib is left out: no exercise imports it, and a notebook that does finds its font list
+    prebuilt (:func:`attention_course.grading.sandbox.matplotlib_cache`).
+    """
     import ipykernel.debugger
     import ipykernel.ipkernel
     import ipykernel.kernelapp
@@ -53,13 +59,8 @@ def preload() -> None:
     import IPython
     import IPython.core.completer
     import IPython.core.history  # noqa: F401
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot
     import numpy  # noqa: F401
     import torch
-    import torch._dynamo  # PyTorch's Python references (meta tensors' among them) import it: 2 s
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
@@ -69,13 +70,12 @@ def preload() -> None:
 
     for assignment in ASSIGNMENTS.values():  # every exercise's checks, and what they import
         __import__(assignment.checks)
-    # kernels and dispatch paths that load on first use: a tiny attention in each common dtype, on the meta
-    # device too (whose first use costs most of a second)
+    # kernels and dispatch paths that load on first use: a tiny attention in each common dtype (an assignment
+    # that needs more names it in its Assignment.preload, which the first spawn imports)
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         x = torch.ones(1, 2, 3, dtype=dtype)
         F.scaled_dot_product_attention(x, x, x)
         torch.softmax(x @ x.transpose(-2, -1), dim=-1).masked_fill(x[..., :2] > 0, 0.0).sum().item()
-    torch.ones(2, 3, device="meta").softmax(-1)
     torch.manual_seed(TORCH_DEFAULT_SEED)
 
 
@@ -262,6 +262,12 @@ def serve(requests: BinaryIO, answers: BinaryIO, protocol: list[int], own_namesp
             request = json.loads(line)
             op = request["op"]
             if op == "spawn":
+                missing = [name for name in request.get("preload", []) if name not in sys.modules]
+                for name in missing:  # what this assignment's notebooks load on first use, imported once
+                    importlib.import_module(name)
+                if missing:
+                    gc.collect()
+                    gc.freeze()
                 pid = os.fork()
                 if pid == 0:
                     _kernel(request, protocol)
