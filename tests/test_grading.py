@@ -10,12 +10,8 @@ notebook, and ``nbgrader validate --invert`` finds that no test cell of a releas
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import nbformat
 import pytest
@@ -24,6 +20,7 @@ from attention_course.grading.batch import grade
 from attention_course.grading.sandbox import Limits
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank
+from tests.grading_course import nbgrader
 from tests.notebook_tools import (
     ROOT,
     Exercise,
@@ -35,18 +32,7 @@ from tests.notebook_tools import (
 
 pytestmark = pytest.mark.slow
 PRESENT = [name for name, assignment in sorted(ASSIGNMENTS.items()) if assignment.source(ROOT).exists()]
-ENVIRONMENT = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 WRITTEN_ANSWER = "Because the queries come from the target, which is generated left to right..."
-
-
-def nbgrader(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "nbgrader", *arguments],
-        cwd=cwd,
-        env=ENVIRONMENT,
-        capture_output=True,
-        text=True,
-    )
 
 
 @dataclass
