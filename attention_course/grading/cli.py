@@ -17,9 +17,9 @@ kernel, as nbgrader does). A broken or hostile submission gets 0 for the cells i
 on. The report is written as ``report.json`` and ``report.csv`` and summarised on the console; each
 submission gets a feedback page, ``feedback/<student>.html`` and ``.md``, beside it.
 
-This module only parses arguments; the work is in :mod:`~attention_course.grading.submission` (one
-submission), :mod:`~attention_course.grading.batch` (a batch on an executor),
-:mod:`~attention_course.grading.cluster` (the executor: threads or Dask),
+This module only parses arguments; :mod:`~attention_course.grading.command` runs the request, over
+:mod:`~attention_course.grading.submission` (one submission), :mod:`~attention_course.grading.batch` (a
+batch on an executor), :mod:`~attention_course.grading.cluster` (the executor: threads or Dask),
 :mod:`~attention_course.grading.reports`, :mod:`~attention_course.grading.feedback`,
 :mod:`~attention_course.grading.formats` (Gradescope, GitHub Classroom) and
 :mod:`~attention_course.grading.gradebook` (nbgrader's gradebook).
@@ -28,10 +28,8 @@ submission), :mod:`~attention_course.grading.batch` (a batch on an executor),
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -121,10 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # it in) to check the "iri" string format: it compiles a grammar, 2 s of this command's start; no
     # notebook schema uses that format, and jsonschema does without the module
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+    from attention_course.grading.command import Request, UsageError, run
     from attention_course.grading.sandbox import Limits
 
     arguments = parser().parse_args(argv)
-    started = time.monotonic()
     root = course_root(arguments.course)
     try:
         submissions = find_submissions(arguments.submissions, arguments.assignment)
@@ -132,115 +130,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().error(f"no such file or folder: {missing}")
     if not submissions:
         parser().error("no notebooks found")
-    jobs = max(1, arguments.jobs)
-    limits = Limits(arguments.cell_timeout, arguments.timeout, arguments.memory, arguments.processes)
-
-    from attention_course.grading import cluster  # (the sandbox only: its fork servers start first)
-
-    with contextlib.ExitStack() as stack:
-        try:
-            backend = stack.enter_context(
-                cluster.backend(
-                    arguments.scheduler,
-                    jobs=jobs,
-                    limits=limits,
-                    mode=arguments.mode,
-                    root=root,
-                    submissions=len(submissions),
-                )
-            )
-        except (ValueError, OSError) as error:
-            parser().error(f"--scheduler {arguments.scheduler}: {error}")
-
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        from attention_course.grading import formats
-        from attention_course.grading.batch import grade_batch
-        from attention_course.grading.feedback import write_feedback
-        from attention_course.grading.gradebook import GradebookError, GradebookWriter, course
-        from attention_course.grading.reports import summarise, write_reports
-        from attention_course.grading.submission import MAX_NOTEBOOK_BYTES, Job, assignment_context
-
-        console = Console()
-        writer = None
-        unrecorded: dict[str, str] = {}  # student: why the gradebook does not have the submission
-        failed_writes: list[str] = []
-        if arguments.gradebook is not None:
-            nbgrader_course = course(root)
-            url = arguments.gradebook or nbgrader_course.db_url
-            try:
-                master = assignment_context(arguments.assignment, root, arguments.mode).master
-                writer = GradebookWriter(
-                    url, arguments.assignment, master, course_id=nbgrader_course.course_id, course_root=root
-                )
-            except GradebookError as error:
-                parser().error(str(error))
-            stack.callback(writer.close)
-
-        def content(path: Path) -> bytes | None:  # workers elsewhere cannot read this machine's files
-            if not backend.ships_notebooks or path.stat().st_size > MAX_NOTEBOOK_BYTES:
-                return None
-            return path.read_bytes()
-
-        batch = [
-            Job(arguments.assignment, s, path, root, limits, arguments.mode, content(path))
-            for s, path in submissions.items()
-        ]
-        where = (
-            f"on {backend.workers} Dask worker(s) at {arguments.scheduler}" if arguments.scheduler else "here"
-        )
-        console.print(f"grading {where}; isolation: {backend.isolation}", highlight=False)
-        columns = (
-            TextColumn("grading {task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[troubled]} not graded cleanly"),
-            TextColumn("about"),
-            TimeRemainingColumn(),
-            TextColumn("left"),
-        )
-        clean = {"graded", "graded after restarts"}
-        with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task(arguments.assignment, total=len(batch), troubled=0)
-
-            def on_result(result) -> None:
-                troubled = progress.tasks[0].fields["troubled"] + (result.status not in clean)
-                progress.update(task, advance=1, troubled=troubled)
-                if writer is not None:  # as each result arrives: a batch cut short keeps what was graded
-                    try:
-                        if not writer.record(result):
-                            unrecorded[result.student] = "a grader error: grade it again"
-                    except GradebookError as error:
-                        unrecorded[result.student] = str(error)
-                        failed_writes.append(result.student)
-
-            results = grade_batch(batch, backend.executor, backend.grade, on_result=on_result)
-    out = arguments.out or root / "grading-report" / arguments.assignment
-    settings = {
-        "mode": arguments.mode,
-        "limits": limits.__dict__,
-        "isolation": backend.isolation,
-        "scheduler": arguments.scheduler or "local",
-        "workers": backend.workers,
-    }
-    write_reports(results, arguments.assignment, out, settings)
-    write_feedback(results, out / "feedback")
-    for name in arguments.format:
-        formats.write_format(name, results, out)
-    summarise(results, console)
-    elapsed = time.monotonic() - started
-    console.print(
-        f"{len(results)} submission(s) in {elapsed:.1f} s ({elapsed / len(results):.2f} s each); "
-        f"reports: {out / 'report.json'}, {out / 'report.csv'}; feedback: {out / 'feedback'}",
-        highlight=False,
+    request = Request(
+        assignment=arguments.assignment,
+        submissions=submissions,
+        root=root,
+        out=arguments.out or root / "grading-report" / arguments.assignment,
+        jobs=max(1, arguments.jobs),
+        limits=Limits(arguments.cell_timeout, arguments.timeout, arguments.memory, arguments.processes),
+        mode=arguments.mode,
+        scheduler=arguments.scheduler,
+        gradebook=arguments.gradebook,
+        formats=tuple(arguments.format),
     )
-    if writer is not None:
-        recorded = len(results) - len(unrecorded)
-        console.print(f"gradebook {writer.shown_url}: {recorded} submission(s) recorded", highlight=False)
-        for student, why in unrecorded.items():
-            console.print(f"  not recorded: {student}: {why}", highlight=False, markup=False)
-    return 1 if failed_writes else 0
+    try:
+        return run(request)
+    except UsageError as error:
+        parser().error(str(error))
 
 
 if __name__ == "__main__":
