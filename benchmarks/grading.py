@@ -11,6 +11,15 @@ job per core, in split mode (test cells judged in the grader's process, the defa
 together mode (test cells judged in the kernel, as nbgrader). The script prints wall-clock and CPU seconds
 per submission (CPU: the command and every process it waited for, kernels included) and the ratios,
 nbgrader's over attention-grade's, measured in the same run; it asserts nothing (the tests compare points).
+
+``--baseline PYTHON`` also times the attention-grade of another version of the course, on the same
+submissions, run by that Python. For the grader as it was before the fork servers and the sandbox:
+
+    git worktree add /tmp/old e333272
+    python3.11 -m venv --without-pip /tmp/old-venv
+    packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    printf '/tmp/old\n%s\n' "$packages" > /tmp/old-venv/lib/python3.11/site-packages/course.pth
+    python benchmarks/grading.py ex01_attention_pooling --baseline /tmp/old-venv/bin/python
 """
 
 from __future__ import annotations
@@ -90,15 +99,19 @@ def main() -> None:
     parser.add_argument("assignments", nargs="*", default=sorted(ASSIGNMENTS))
     parser.add_argument("--submissions", type=int, default=10)
     parser.add_argument("--together", action="store_true", help="also time attention-grade --mode together")
+    parser.add_argument("--baseline", help="also time the attention-grade that this Python imports")
     arguments = parser.parse_args()
     cores = os.cpu_count() or 1
     n = arguments.submissions
     table = Table(
         title=f"Seconds per submission, {n} submissions per assignment, start-up included ({cores} cores)"
     )
-    columns = ["assignment", "nbgrader autograde", f"attention-grade --jobs {cores}"]
+    columns = ["assignment", "nbgrader autograde"]
+    columns += ["baseline attention-grade"] if arguments.baseline else []
+    columns += [f"attention-grade --jobs {cores}"]
     columns += [f"--mode together --jobs {cores}"] if arguments.together else []
     columns += ["ratio, wall clock", "ratio, CPU"]
+    columns += ["baseline's ratio, wall clock"] if arguments.baseline else []
     for column in columns:
         table.add_column(column, justify="left" if column == "assignment" else "right")
     for assignment_id in arguments.assignments:
@@ -115,14 +128,21 @@ def main() -> None:
                 ".",
             ]
             nbgrader = run([sys.executable, "-m", "nbgrader", "autograde", assignment_id, "--force"], folder)
+            baseline = []
+            if arguments.baseline:
+                old = [arguments.baseline, *grade[1:], "--jobs", str(cores), "--out", "baseline"]
+                baseline = [run(old, folder)]
             ours = run([*grade, "--jobs", str(cores), "--out", "report"], folder)
             extra = []
             if arguments.together:
                 extra = [
                     run([*grade, "--jobs", str(cores), "--mode", "together", "--out", "together"], folder)
                 ]
-        cells = [f"{wall / n:.2f} s wall, {cpu / n:.2f} s CPU" for wall, cpu in (nbgrader, ours, *extra)]
+        cells = [
+            f"{wall / n:.2f} s wall, {cpu / n:.2f} s CPU" for wall, cpu in (nbgrader, *baseline, ours, *extra)
+        ]
         ratios = [f"{nbgrader[0] / ours[0]:.1f}x", f"{nbgrader[1] / ours[1]:.1f}x"]
+        ratios += [f"{nbgrader[0] / baseline[0][0]:.1f}x"] if baseline else []
         table.add_row(assignment_id, *cells, *ratios)
     Console(width=200).print(table)
 
