@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
 
 import nbformat
 import pytest
 
+from attention_course.grading import sandbox
 from attention_course.grading.batch import grade
 from attention_course.grading.cli import main
-from attention_course.grading.sandbox import Limits
+from attention_course.grading.sandbox import Limits, isolation
 from attention_course.registry import ASSIGNMENTS
 from tests.notebook_tools import ROOT, fill_solutions, load_exercise, reference_sources
 
@@ -57,3 +59,21 @@ def test_command_line_writes_json_and_csv(tmp_path, capsys):
     assert len(rows) == len(submission["cells"]) and {row["student"] for row in rows} == {"ada"}
     assert "ada" in capsys.readouterr().out
     assert ASSIGNMENTS[ASSIGNMENT].release(ROOT).exists()
+
+
+@pytest.mark.skipif(not isolation().namespaces, reason="bubblewrap cannot create namespaces here")
+def test_a_python_or_course_under_tmp_stays_readable_in_the_sandbox(tmp_path, monkeypatch):
+    """The slot's private /tmp is mounted first and the folders a kernel must read on top of it: a clone
+    of the course with its .venv under /tmp (a CI checkout) would otherwise lose its Python there."""
+    course = tmp_path / "course"  # under /tmp: pytest's base temporary folder
+    course.mkdir()
+    (course / "python-was-here").write_text("yes")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    roots = sandbox._readable_roots()
+    monkeypatch.setattr(sandbox, "_readable_roots", lambda: [*roots, course])
+    arguments = sandbox.bwrap_arguments(isolation().bwrap, scratch)
+    inside = subprocess.run(
+        [*arguments, "cat", str(course / "python-was-here")], capture_output=True, text=True
+    )
+    assert (inside.returncode, inside.stdout, inside.stderr) == (0, "yes", "")

@@ -259,6 +259,8 @@ def bwrap_arguments(bwrap: str, scratch: Path, solutions: Path | None = None) ->
     """The command line that starts a fork server in a new sandbox whose writable folder is ``scratch``;
     ``solutions``: the reference solutions' folder, shown read-only (together mode), else hidden."""
     arguments = [bwrap, *_namespace_flags(), "--cap-drop", "ALL", "--hostname", "grader"]
+    # first the private /tmp: a Python, a course or a scratch folder under /tmp is bound on top of it below
+    arguments += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = Path("/") / top
         if path.is_symlink():
@@ -277,7 +279,6 @@ def bwrap_arguments(bwrap: str, scratch: Path, solutions: Path | None = None) ->
             arguments += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
     if solutions is not None:
         arguments += ["--ro-bind", str(solutions), str(solutions)]
-    arguments += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for device in sorted(Path("/dev").glob("nvidia*")):  # a GPU, where there is one
         arguments += ["--dev-bind", str(device), str(device)]
     if any(Path("/dev").glob("nvidia*")):
