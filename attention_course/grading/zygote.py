@@ -43,6 +43,22 @@ from typing import Any, BinaryIO
 #: the seed a new Python process gives torch's default generator (torch/csrc/Generator: default_rng_seed_val)
 TORCH_DEFAULT_SEED = 67280421310721
 PR_SET_DUMPABLE = 4
+#: what a kernel's start imports (IPKernelApp.initialize): imported once here, no kernel imports them again
+KERNEL_MODULES = (
+    "ipykernel.debugger",
+    "ipykernel.ipkernel",
+    "ipykernel.kernelapp",
+    "ipykernel.zmqshell",
+    "IPython",
+    "IPython.core.completer",
+    "IPython.core.completerlib",
+    "IPython.core.debugger",
+    "IPython.core.history",
+    "IPython.extensions.storemagic",
+    "numpy",
+    "sqlite3",
+    "tornado.platform.asyncio",
+)
 
 
 def preload() -> None:
@@ -52,14 +68,8 @@ def preload() -> None:
     start. matplotlib is left out: no exercise imports it, and a notebook that does finds its font list
     prebuilt (:func:`attention_course.grading.sandbox.matplotlib_cache`).
     """
-    import ipykernel.debugger
-    import ipykernel.ipkernel
-    import ipykernel.kernelapp
-    import ipykernel.zmqshell  # noqa: F401
-    import IPython
-    import IPython.core.completer
-    import IPython.core.history  # noqa: F401
-    import numpy  # noqa: F401
+    for name in KERNEL_MODULES:
+        importlib.import_module(name)
     import torch
     import torch.nn.functional as F
 
