@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.abc
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,8 +28,9 @@ from attention_course.checks import engine
 from attention_course.checks.engine import Call, Foreign, Outcome, Seeded, execute, inspect_learner
 from attention_course.grading.seals import MAX_BYTES, incoming
 
-FORMAT = 1
+FORMAT = 2  # 2: the tensors packed into one flat tensor per dtype (:func:`save`)
 MAX_ELEMENTS = 2**22  # elements of one recorded tensor; a larger one is recorded as its shape only
+MAX_TENSORS = 2**16  # tensors of one recording
 MAX_ITEMS = 256  # items of a recorded tuple or list, and of the calls an outcome lists
 _NAMES = "float64 float32 float16 bfloat16 bool uint8 int8 int16 int32 int64"
 DTYPES = {name: getattr(torch, name) for name in _NAMES.split()}  # the dtypes a recording may hold
@@ -49,7 +51,7 @@ def encode(value: Any, tensors: dict[str, torch.Tensor], depth: int = 0) -> Any:
             return {"foreign": "Tensor", "repr": f"a {node['dtype']} tensor of shape {node['shape']}"}
         if value.device.type != "meta" and value.numel() <= MAX_ELEMENTS:
             node["tensor"] = f"t{len(tensors)}"
-            tensors[node["tensor"]] = value.detach().cpu().contiguous().clone()
+            tensors[node["tensor"]] = value.detach().cpu()  # copied when saved (:func:`save`)
         return node
     if isinstance(value, Seeded):
         return {"generator": value.seed}
@@ -101,10 +103,47 @@ def device(name: Any) -> torch.device:
     return found
 
 
+def _pack(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
+    """The tensors as one flat tensor per dtype, and where each lies in it: ``{name: [dtype, offset,
+    shape]}``. safetensors pays tens of microseconds per tensor; a recording holds dozens of small ones."""
+    flats: dict[str, list[torch.Tensor]] = {}
+    sizes: dict[str, int] = {}
+    index: dict[str, list] = {}
+    for name, tensor in tensors.items():
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        flats.setdefault(dtype, []).append(tensor.reshape(-1))
+        index[name] = [dtype, sizes.get(dtype, 0), list(tensor.shape)]
+        sizes[dtype] = sizes.get(dtype, 0) + tensor.numel()
+    return {dtype: torch.cat(parts) for dtype, parts in flats.items()}, index
+
+
+def _unpack(flats: dict[str, torch.Tensor], index: Any) -> dict[str, torch.Tensor]:
+    """The tensors that :func:`_pack` packed; :class:`RecordingError` if the index does not fit the data."""
+    if not isinstance(index, dict) or len(index) > MAX_TENSORS:
+        raise RecordingError("the recording's tensor index is not valid")
+    tensors = {}
+    for name, entry in index.items():
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)):
+            raise RecordingError("the recording's tensor index is not valid")
+        dtype, offset, shape = entry
+        flat = flats.get(dtype) if isinstance(dtype, str) else None
+        valid = all(isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in shape)
+        if flat is None or not valid or len(shape) > 16 or not isinstance(offset, int) or offset < 0:
+            raise RecordingError("the recording's tensor index is not valid")
+        count = math.prod(shape)
+        if offset + count > flat.numel():
+            raise RecordingError("the recording's tensor index points past its data")
+        tensors[name] = flat[offset : offset + count].reshape(shape)
+    return tensors
+
+
 def save(path: Path, content: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-    """Write ``path.safetensors`` and ``path.json`` (with the tensors' digest); never overwrite a file."""
-    blob = safetensors.torch.save(tensors)
-    body = json.dumps({**content, "tensors_sha256": hashlib.sha256(blob).hexdigest()}).encode()
+    """Write ``path.safetensors`` (the tensors, packed by :func:`_pack`) and ``path.json`` (``content``, where
+    each tensor lies, and the tensors' digest); never overwrite a file."""
+    flats, index = _pack(tensors)
+    blob = safetensors.torch.save(flats)
+    body = json.dumps({**content, "tensors": index, "tensors_sha256": hashlib.sha256(blob).hexdigest()})
+    body = body.encode()
     for suffix, data in ((".safetensors", blob), (".json", body)):
         with open(f"{path}{suffix}", "xb") as handle:  # "x": a second recording of one part fails loudly
             handle.write(data)
@@ -119,12 +158,12 @@ def load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         raise RecordingError(f"the recording is larger than {MAX_BYTES // 2**20} MiB")
     body, blob = files[0].read_bytes(), files[1].read_bytes()
     try:
-        content, tensors = json.loads(body), safetensors.torch.load(blob)
+        content, flats = json.loads(body), safetensors.torch.load(blob)
     except (ValueError, safetensors.SafetensorError) as error:
         raise RecordingError(f"the recording does not decode: {error}") from error
     if not isinstance(content, dict) or content.get("tensors_sha256") != hashlib.sha256(blob).hexdigest():
         raise RecordingError("the recording's tensors are not the ones it was made with")
-    return content, tensors
+    return content, _unpack(flats, content.get("tensors"))
 
 
 def write_calls(folder: Path, name: str, calls: Sequence[Call]) -> None:
