@@ -459,8 +459,9 @@ WHOLE = {
         "variance_is_estimate": "exactly n_samples",
     },
     dot_product_variance__ignores_generator: {"variance_is_estimate": "ignore the generator"},
-    # 100 draws miss the visible tolerance (5 standard errors of 20000 draws) with probability 0.73 per
-    # call; its three visible calls all land inside by chance (probability 0.02), its hidden ones do not
+    # 100 draws miss the visible tolerance (5 standard errors of 5000 draws) with probability about 0.5 per
+    # call, and its three visible calls may all land inside by chance; its four hidden ones (5 standard errors
+    # of 4000 to 50000 draws) do not
     dot_product_variance__only_100_samples: {
         "variance_unscaled": Chance("within"),
         "variance_scaled": Chance("within"),
