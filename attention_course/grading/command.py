@@ -11,6 +11,7 @@ reports, the feedback pages and the platforms' formats.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,15 @@ def run(request: Request) -> int:
     started = time.monotonic()
     from attention_course.grading import cluster  # (the sandbox only: its fork servers start first)
 
+    collecting = gc.isenabled()
     with contextlib.ExitStack() as stack:
+        # torch, nbclient and nbgrader are imported below: the collector is off meanwhile (it ran four full
+        # collections of the growing heap there, half a second of the start), and what they leave is frozen
+        # for the run, never walked again (gc.freeze); both are undone when the batch is graded
+        gc.disable()
+        stack.callback(gc.unfreeze)
+        if collecting:
+            stack.callback(gc.enable)
         try:
             backend = stack.enter_context(
                 cluster.backend(
@@ -87,6 +96,9 @@ def run(request: Request) -> int:
         from attention_course.grading.reports import summarise, write_reports
         from attention_course.grading.submission import MAX_NOTEBOOK_BYTES, Job, assignment_context
 
+        gc.freeze()
+        if collecting:
+            gc.enable()
         console = Console()
         writer = None
         unrecorded: dict[str, str] = {}  # student: why the gradebook does not have the submission
