@@ -368,7 +368,7 @@ def _theory(part: Part, d_k: int, n_samples: int, scaled: bool, seed: int) -> Ch
 
 
 def _variance_theory(part: Part, scaled: bool) -> Iterator[Check]:
-    hidden = ((1, 50_000), (8, 30_000), (100, 10_000), (512, 4_000))
+    hidden = ((1, 25_000), (8, 15_000), (100, 5_000), (512, 2_000))
     for d_k, n_samples in hidden if part.hidden else ((16, 5_000), (64, 5_000), (256, 5_000)):
         yield _theory(part, d_k, n_samples, scaled, seed=(400 if part.hidden else 300) + d_k)
 

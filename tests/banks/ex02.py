@@ -461,7 +461,7 @@ WHOLE = {
     dot_product_variance__ignores_generator: {"variance_is_estimate": "ignore the generator"},
     # 100 draws miss the visible tolerance (5 standard errors of 5000 draws) with probability about 0.5 per
     # call, and its three visible calls may all land inside by chance; its four hidden ones (5 standard errors
-    # of 4000 to 50000 draws) do not
+    # of 2000 to 25000 draws) all land inside with probability about 0.03, and with these seeds do not
     dot_product_variance__only_100_samples: {
         "variance_unscaled": Chance("within"),
         "variance_scaled": Chance("within"),
