@@ -128,7 +128,8 @@ def _unpack(flats: dict[str, torch.Tensor], index: Any) -> dict[str, torch.Tenso
         dtype, offset, shape = entry
         flat = flats.get(dtype) if isinstance(dtype, str) else None
         valid = all(isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in shape)
-        if flat is None or not valid or len(shape) > 16 or not isinstance(offset, int) or offset < 0:
+        valid = valid and len(shape) <= 16 and isinstance(offset, int) and not isinstance(offset, bool)
+        if flat is None or flat.dim() != 1 or not valid or offset < 0:
             raise RecordingError("the recording's tensor index is not valid")
         count = math.prod(shape)
         if offset + count > flat.numel():
