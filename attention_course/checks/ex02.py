@@ -368,8 +368,8 @@ def _theory(part: Part, d_k: int, n_samples: int, scaled: bool, seed: int) -> Ch
 
 
 def _variance_theory(part: Part, scaled: bool) -> Iterator[Check]:
-    hidden = ((1, 25_000), (8, 15_000), (100, 5_000), (512, 2_000))
-    for d_k, n_samples in hidden if part.hidden else ((16, 5_000), (64, 5_000), (256, 5_000)):
+    hidden = ((1, 25_000), (8, 15_000), (100, 5_000), (512, 1_000))
+    for d_k, n_samples in hidden if part.hidden else ((16, 2_000), (64, 2_000), (256, 2_000)):
         yield _theory(part, d_k, n_samples, scaled, seed=(400 if part.hidden else 300) + d_k)
 
 
@@ -457,7 +457,7 @@ def _reproducible(part: Part, d_k: int, n_samples: int) -> Check:
 @behaviour(function="dot_product_variance", points=1)
 def variance_is_estimate(part: Part) -> Iterator[Check]:
     """The result is an estimate from n_samples draws of the generator, not the theory typed in."""
-    d_k, n_samples = (8, 1500) if part.hidden else (32, 1000)
+    d_k, n_samples = (8, 600) if part.hidden else (32, 400)
     yield _reproducible(part, d_k, n_samples)
     yield _spread(part, d_k, n_samples)
     call = part.call(d_k=d_k, n_samples=n_samples, scaled=False, generator=None)

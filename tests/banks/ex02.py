@@ -459,9 +459,9 @@ WHOLE = {
         "variance_is_estimate": "exactly n_samples",
     },
     dot_product_variance__ignores_generator: {"variance_is_estimate": "ignore the generator"},
-    # 100 draws miss the visible tolerance (5 standard errors of 5000 draws) with probability about 0.5 per
+    # 100 draws miss the visible tolerance (5 standard errors of 2000 draws) with probability 0.26 per
     # call, and its three visible calls may all land inside by chance; its four hidden ones (5 standard errors
-    # of 2000 to 25000 draws) all land inside with probability about 0.03, and with these seeds do not
+    # of 1000 to 25000 draws) all land inside with probability about 0.04, and with these seeds do not
     dot_product_variance__only_100_samples: {
         "variance_unscaled": Chance("within"),
         "variance_scaled": Chance("within"),
