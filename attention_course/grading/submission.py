@@ -26,7 +26,14 @@ import nbformat
 from attention_course.grading import split
 from attention_course.grading.execute import Execution, execute
 from attention_course.grading.notebooks import CellResult, master_notebook, prepare, recover_metadata, score
-from attention_course.grading.sandbox import DEFAULT_LIMITS, Limits, Sandbox, SandboxError, solutions_folder
+from attention_course.grading.sandbox import (
+    DEFAULT_LIMITS,
+    Limits,
+    Sandbox,
+    SandboxError,
+    scratch_base,
+    solutions_folder,
+)
 from attention_course.registry import ASSIGNMENTS
 
 MAX_NOTEBOOK_BYTES = 32 * 2**20  # a larger file is not read ("unreadable")
@@ -136,7 +143,7 @@ def assignment_context(assignment_id: str, root: Path, mode: str) -> AssignmentC
             plans = inputs = None
             if mode == "split":
                 plans = split.make_plans(assignment, split.reference_module(assignment, root))
-                inputs = Path(tempfile.mkdtemp(prefix="grade-inputs-"))
+                inputs = Path(tempfile.mkdtemp(prefix="grade-inputs-", dir=scratch_base()))
                 atexit.register(shutil.rmtree, inputs, True)
                 split.write_inputs(plans, inputs)
             _contexts[key] = AssignmentContext(master_notebook(source), source.parent, plans, inputs)
@@ -225,7 +232,7 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
     solutions = solutions_folder(job.root) if job.mode == "together" else None
     sandbox = sandbox or default_sandbox(solutions, job.limits)
     key = secrets.token_bytes(32)
-    private = Path(tempfile.mkdtemp(prefix="grade-recordings-"))  # outside every sandbox
+    private = Path(tempfile.mkdtemp(prefix="grade-recordings-", dir=scratch_base()))  # outside every sandbox
     try:
         try:
             with sandbox.slot() as slot:
