@@ -203,19 +203,20 @@ def test_nothing_reached_the_listener(graded):
 
 def test_nothing_a_submission_leaves_in_its_slot_reaches_the_next_one():
     """One slot grades two submissions in turn: what the first leaves in the slot's private /tmp, /dev/shm,
-    home, working folder or System V shared memory is gone when the second runs."""
+    home, working folder, the folder above it, or System V shared memory is gone when the second runs."""
     if not isolation().namespaces:
         pytest.skip(f"the sandbox cannot isolate here ({isolation().reason})")
+    places = "('/tmp', '/dev/shm', os.path.expanduser('~'), os.getcwd(), os.path.dirname(os.getcwd()))"
     plant = nbformat.v4.new_code_cell(
         "import ctypes, os, pathlib\n"
-        "for folder in ('/tmp', '/dev/shm', os.path.expanduser('~'), os.getcwd()):\n"
+        f"for folder in {places}:\n"
         "    pathlib.Path(folder, 'planted').write_text('for the next submission')\n"
         "libc = ctypes.CDLL(None)\n"
         "assert libc.shmget(0x5EED, 4096, 0o1666) >= 0  # IPC_CREAT"
     )
     look = nbformat.v4.new_code_cell(
         "import ctypes, os, pathlib\n"
-        "found = [f for f in ('/tmp', '/dev/shm', os.path.expanduser('~'), os.getcwd())\n"
+        f"found = [f for f in {places}\n"
         "         if pathlib.Path(f, 'planted').exists()]\n"
         "assert not found, found\n"
         "assert ctypes.CDLL(None).shmget(0x5EED, 0, 0o666) == -1, 'the shared memory segment is still there'"

@@ -204,26 +204,36 @@ KEPT_IN_TMP = {"matplotlib"}
 def _wipe_private_places() -> None:
     """Empty the places a kernel could leave something in for the next submission of this slot: the
     sandbox's private /tmp and /dev/shm, and its System V IPC objects (``ipcrm --all``)."""
-    with open("/proc/self/mountinfo") as mountinfo:  # the slot's scratch folder is mounted under /tmp
-        mounts = [line.split()[4] for line in mountinfo]
+    with open("/proc/self/mountinfo") as mountinfo:  # the slot's scratch folder is mounted in one of them
+        mounts = {line.split()[4] for line in mountinfo}
     for folder, kept in (("/tmp", KEPT_IN_TMP), ("/dev/shm", set())):
-        try:
-            entries = os.listdir(folder)
-        except OSError:
-            continue
-        for name in entries:
-            path = os.path.join(folder, name)
-            if name in kept or any(mount == path or mount.startswith(path + "/") for mount in mounts):
-                continue  # never into a mount: the grader empties the scratch folder itself
-            try:
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    os.unlink(path)
-            except OSError:
-                pass
+        _empty(folder, kept, mounts)
     if shutil.which("ipcrm"):
         subprocess.run(["ipcrm", "--all"], capture_output=True, check=False)
+
+
+def _empty(folder: str, kept: set[str], mounts: set[str]) -> None:
+    """Delete what ``folder`` holds but the names ``kept`` and the mounts: a folder on the way to a mount (the
+    scratch folder's parents) is emptied around it, never deleted through it (the grader empties the scratch
+    folder itself)."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for name in entries:
+        path = os.path.join(folder, name)
+        if name in kept or path in mounts:
+            continue
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                if any(mount.startswith(path + "/") for mount in mounts):
+                    _empty(path, set(), mounts)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def _session(pid: int) -> int | None:
