@@ -13,11 +13,14 @@ import subprocess
 
 import nbformat
 import pytest
+import torch
 
 from attention_course.grading import sandbox
 from attention_course.grading.batch import grade
 from attention_course.grading.cli import main
+from attention_course.grading.execute import execute
 from attention_course.grading.sandbox import Limits, isolation
+from attention_course.grading.zygote import TORCH_DEFAULT_SEED
 from attention_course.registry import ASSIGNMENTS
 from tests.notebook_tools import ROOT, fill_solutions, load_exercise, reference_sources
 
@@ -77,3 +80,19 @@ def test_a_python_or_course_under_tmp_stays_readable_in_the_sandbox(tmp_path, mo
         [*arguments, "cat", str(course / "python-was-here")], capture_output=True, text=True
     )
     assert (inside.returncode, inside.stdout, inside.stderr) == (0, "yes", "")
+
+
+def test_each_kernel_starts_with_the_same_torch_random_state():
+    """A kernel forked by a slot draws what a generator seeded with ``TORCH_DEFAULT_SEED`` draws first,
+    however much the fork server's warm-up or an earlier kernel of the slot drew."""
+    cell = nbformat.v4.new_code_cell(
+        "import torch\nprint(torch.initial_seed(), torch.rand(4).tolist())\ntorch.rand(1000)"
+    )
+    expected = torch.rand(4, generator=torch.Generator().manual_seed(TORCH_DEFAULT_SEED)).tolist()
+    printed = []
+    with sandbox.Sandbox(max_slots=1) as pool:
+        for _ in range(2):
+            with pool.slot() as slot:
+                executed = execute(nbformat.v4.new_notebook(cells=[cell]), slot, Limits(cell_timeout=60))
+            printed.append("".join(o.get("text", "") for o in executed.notebook.cells[0].outputs))
+    assert printed == [f"{TORCH_DEFAULT_SEED} {expected}\n"] * 2
