@@ -143,8 +143,8 @@ def sinusoidal_values(part: Part) -> Iterator[Check]:
 def rope(
     x: torch.Tensor, positions: torch.Tensor, base: float, interleaved: bool, row: str = ""
 ) -> torch.Tensor:
-    """RoPE as a row computes it, in float64 (check code, written apart from the reference)."""
-    x = x.double()
+    """RoPE as a row computes it, in float64 on the CPU (check code, written apart from the reference)."""
+    x, positions = x.detach().double().cpu(), positions.cpu()
     d = x.size(-1)
     if row == "positions ignored":
         positions = torch.arange(x.size(-2)).expand_as(positions)
