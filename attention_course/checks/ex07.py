@@ -404,6 +404,12 @@ class ToyLM(nn.Module):
 
 
 VOCAB, WIDTH = 11, 8
+#: where generate's checks put the model and the prompt, whatever the other checks use: on CUDA,
+#: torch.multinomial given NaN or infinite probabilities (a temperature of 0 without its greedy branch,
+#: say) stops with a device-side assert, after which every CUDA call of the learner's kernel fails, and with
+#: it every later cell. On the CPU it raises an error that this cell reports; the model is too small to need
+#: a GPU.
+GENERATE_DEVICE = torch.device("cpu")
 
 
 def model_weights(*, seed: int, device) -> dict[str, torch.Tensor]:
@@ -467,8 +473,8 @@ def generate_greedy(part: Part) -> Iterator[Check]:
     for index, (batch, prompt_len, new) in enumerate(cases):
         seed = (440 if not part.hidden else 470) + 10 * index  # the visible case tells the mistakes apart
         arguments = {
-            **model_weights(seed=seed, device=part.device),
-            "prompt": _prompt(batch, prompt_len, seed=seed + 5, device=part.device),
+            **model_weights(seed=seed, device=GENERATE_DEVICE),
+            "prompt": _prompt(batch, prompt_len, seed=seed + 5, device=GENERATE_DEVICE),
             "max_new_tokens": new,
             "temperature": 0.0,
         }
@@ -503,8 +509,8 @@ def generate_sampling(part: Part) -> Iterator[Check]:
     """Sampling draws from softmax(logits / temperature) with the generator given (the same seed gives the
     same tokens, another seed other tokens), and with top_k never picks a token outside the k most likely."""
     offset = 0 if not part.hidden else 50
-    weights = model_weights(seed=420 + offset, device=part.device)
-    prompt = _prompt(6, 3, seed=425 + offset, device=part.device)
+    weights = model_weights(seed=420 + offset, device=GENERATE_DEVICE)
+    prompt = _prompt(6, 3, seed=425 + offset, device=GENERATE_DEVICE)
     base = {**weights, "prompt": prompt, "max_new_tokens": 6, "temperature": 1.0, "top_k": 3}
     calls = tuple(
         part.call(label, **base, generator=Seeded(seed))
@@ -517,7 +523,7 @@ def generate_sampling(part: Part) -> Iterator[Check]:
     yield Check(calls, lambda *results: _judge_top_k(results, calls, base))
     # the first new token of 2000 copies of two prompts, at two temperatures: its frequencies
     for temperature in (0.5, 2.0):
-        rows = _prompt(2, 2, seed=430 + offset, device=part.device).repeat_interleave(1000, dim=0)
+        rows = _prompt(2, 2, seed=430 + offset, device=GENERATE_DEVICE).repeat_interleave(1000, dim=0)
         arguments = {
             **weights,
             "prompt": rows,
