@@ -42,7 +42,8 @@ the checks cannot copy | is invalid for input of size: k_proj and v_proj give n_
 """)
 CONVERT_HINTS = (
     *engine.hint_table("""
-same dtype | expected scalar type | expected both: the new module must have the dtype and device of mha:
+same dtype | expected scalar type | expected both | same device: the new module must have the dtype and
+    device of mha:
     GroupedQueryAttention(...).to(mha.in_proj_weight) (nn.Linear is made in float32)
 """),
     *HINTS,
