@@ -299,11 +299,13 @@ def attention_conv2d__einsum_heads(x, weight, bias, alpha):
     batch, _, height, width = x.shape
     p = k // 2
     padded = F.pad(x, (p, p, p, p)).double()
-    r = quadratic_relative_encoding(height + 2 * p, width + 2 * p).double()  # noqa: F821 (the notebook's own)
-    grid = torch.arange((height + 2 * p) * (width + 2 * p)).view(height + 2 * p, width + 2 * p)
+    on = {"device": x.device, "dtype": torch.float64}
+    kh, kw = height + 2 * p, width + 2 * p
+    r = quadratic_relative_encoding(kh, kw).to(**on)  # noqa: F821 (the notebook's own)
+    grid = torch.arange(kh * kw, device=x.device).view(kh, kw)
     r = r[grid[p : p + height, p : p + width].flatten()]
-    shifts = torch.cartesian_prod(torch.arange(k), torch.arange(k)).double() - p  # [heads, 2]
-    v = -alpha * torch.cat((torch.ones(k * k, 1, dtype=torch.float64), -2 * shifts), dim=1)
+    shifts = torch.cartesian_prod(torch.arange(k), torch.arange(k)).to(**on) - p  # [heads, 2]
+    v = -alpha * torch.cat((torch.ones(k * k, 1, **on), -2 * shifts), dim=1)
     weights = torch.softmax(torch.einsum("qkd,hd->hqk", r, v), dim=-1)
     w = weight.double().flatten(2).permute(2, 1, 0)  # [heads, C_in, C_out]
     out = torch.einsum("hqk,bck,hco->boq", weights, padded.flatten(2), w).view(batch, c_out, height, width)
