@@ -603,15 +603,20 @@ def test_kv_cache_holds_what_dynamic_cache_holds():
     with torch.no_grad():
         output = gpt2(tokens[:, :6], use_cache=True)
         course(tokens[:, :6], cache=cache)
-        theirs = gpt2(tokens[:, 6:], cache=output.cache, use_cache=True)  # `past_key_values` before 5.x
+        name = "cache" if hasattr(output, "cache") else "past_key_values"  # transformers 5 renamed it
+        theirs = gpt2(tokens[:, 6:], **{name: getattr(output, name)}, use_cache=True)
         ours = course(tokens[:, 6:], cache=cache)
     torch.testing.assert_close(ours, theirs.logits, atol=1e-12, rtol=0)
-    hugging_face = theirs.cache
+    hugging_face = getattr(theirs, name)
     assert cache.length == hugging_face.get_seq_length() == 7
     for layer in range(course.n_layers):
+        if hasattr(hugging_face, "layers"):  # transformers >= 4.56
+            keys, values = hugging_face.layers[layer].keys, hugging_face.layers[layer].values
+        else:
+            keys, values = hugging_face.key_cache[layer], hugging_face.value_cache[layer]
         assert cache.keys(layer).shape == (2, 4, 7, 8)  # [batch, n_kv_heads, len, d_head]
-        torch.testing.assert_close(cache.keys(layer), hugging_face.layers[layer].keys, atol=1e-12, rtol=0)
-        torch.testing.assert_close(cache.values(layer), hugging_face.layers[layer].values, atol=1e-12, rtol=0)
+        torch.testing.assert_close(cache.keys(layer), keys, atol=1e-12, rtol=0)
+        torch.testing.assert_close(cache.values(layer), values, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA-2", "MQA"])
