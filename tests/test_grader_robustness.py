@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -62,6 +64,35 @@ def test_command_line_writes_json_and_csv(tmp_path, capsys):
     assert len(rows) == len(submission["cells"]) and {row["student"] for row in rows} == {"ada"}
     assert "ada" in capsys.readouterr().out
     assert ASSIGNMENTS[ASSIGNMENT].release(ROOT).exists()
+
+
+@pytest.fixture
+def fresh_scratch_base():
+    """:func:`sandbox.scratch_base` computed anew in the test, and again after it (it is cached)."""
+    sandbox.scratch_base.cache_clear()
+    yield sandbox.scratch_base
+    sandbox.scratch_base.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("mounts", "needed", "expected"),
+    [
+        ([("tmpfs", "/dev/shm")], 1, "/dev/shm"),
+        ([("tmpfs", "/dev/shm")], 2**62, "/tmp"),  # a container's 64 MiB /dev/shm
+        ([("tmpfs", "/dev/shm"), ("ext4", "/dev/shm")], 1, "/tmp"),  # a disk mounted over it
+        ([("ext4", "/")], 1, "/tmp"),  # /dev/shm is a folder of the disk
+    ],
+    ids=["big-tmpfs", "small-tmpfs", "disk-over-tmpfs", "no-mount"],
+)
+def test_scratch_folders_go_to_dev_shm_only_where_it_is_a_big_enough_tmpfs(
+    fresh_scratch_base, monkeypatch, mounts, needed, expected
+):
+    if not os.access("/dev/shm", os.W_OK | os.X_OK):
+        pytest.skip("this machine has no writable /dev/shm")
+    parts = [SimpleNamespace(fstype=fstype, mountpoint=mountpoint) for fstype, mountpoint in mounts]
+    monkeypatch.setattr(sandbox.psutil, "disk_partitions", lambda all=False: parts)
+    monkeypatch.setattr(sandbox, "SHM_NEEDED", needed)
+    assert fresh_scratch_base() == expected
 
 
 @pytest.mark.skipif(not isolation().namespaces, reason="bubblewrap cannot create namespaces here")

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from jupyter_client import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
 
@@ -304,12 +305,19 @@ def scratch_base() -> str | None:
     scratch folder, and a socket's path has at most 107 bytes.
     """
     try:
-        shm = os.statvfs("/dev/shm")
-        if os.access("/dev/shm", os.W_OK | os.X_OK) and shm.f_bavail * shm.f_frsize >= SHM_NEEDED:
-            return "/dev/shm"
-    except OSError:
+        if _file_system("/dev/shm") == "tmpfs" and os.access("/dev/shm", os.W_OK | os.X_OK):
+            shm = os.statvfs("/dev/shm")
+            if shm.f_bavail * shm.f_frsize >= SHM_NEEDED:
+                return "/dev/shm"
+    except (OSError, psutil.Error):
         pass
     return "/tmp" if Path("/tmp").is_dir() else None
+
+
+def _file_system(path: str) -> str:
+    """The type of the file system mounted at ``path`` (``tmpfs``, ``ext4``), ``""`` if none is."""
+    types = [part.fstype for part in psutil.disk_partitions(all=True) if part.mountpoint == path]
+    return types[-1] if types else ""  # the last mount on a path hides those before it
 
 
 def environment(scratch: Path, mplconfig: str | None = None) -> dict[str, str]:
