@@ -603,14 +603,14 @@ def test_kv_cache_holds_what_dynamic_cache_holds():
     with torch.no_grad():
         output = gpt2(tokens[:, :6], use_cache=True)
         course(tokens[:, :6], cache=cache)
-        name = "cache" if hasattr(output, "cache") else "past_key_values"  # transformers 5 renamed it
+        name = "cache" if hasattr(output, "cache") else "past_key_values"  # `cache` in 5.24, not in 5.17
         theirs = gpt2(tokens[:, 6:], **{name: getattr(output, name)}, use_cache=True)
         ours = course(tokens[:, 6:], cache=cache)
     torch.testing.assert_close(ours, theirs.logits, atol=1e-12, rtol=0)
     hugging_face = getattr(theirs, name)
     assert cache.length == hugging_face.get_seq_length() == 7
     for layer in range(course.n_layers):
-        if hasattr(hugging_face, "layers"):  # transformers >= 4.56
+        if hasattr(hugging_face, "layers"):  # DynamicCache's layers, or its key_cache lists before them
             keys, values = hugging_face.layers[layer].keys, hugging_face.layers[layer].values
         else:
             keys, values = hugging_face.key_cache[layer], hugging_face.value_cache[layer]
