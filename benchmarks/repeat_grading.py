@@ -58,9 +58,11 @@ def bank_submissions(assignment: str, folder: Path, every: int = 1) -> dict[str,
     return paths
 
 
-def verdicts(runs: list[list[SubmissionResult]]) -> dict[tuple[str, str], set]:
-    """``{(student, grade_id or "status"): the distinct values seen}`` over ``runs``."""
-    seen: dict[tuple[str, str], set] = defaultdict(set)
+def verdicts(
+    runs: list[list[SubmissionResult]], seen: dict[tuple[str, str], set] | None = None
+) -> dict[tuple[str, str], set]:
+    """``{(student, grade_id or "status"): the distinct values seen}`` over ``runs``, added to ``seen``."""
+    seen = defaultdict(set) if seen is None else seen
     for results in runs:
         for result in results:
             seen[(result.student, "status")].add(result.status)
@@ -80,10 +82,10 @@ def repeat(
     runs: int,
     jobs: int,
     limits: Limits,
-    after_each: Callable[[list[list[SubmissionResult]]], None] | None = None,
+    after_each: Callable[[list[SubmissionResult]], None] | None = None,
 ) -> list[list]:
     """Grade ``paths`` ``runs`` times on one sandbox; the results of each run. ``after_each`` is called with
-    the runs so far after each run."""
+    each run's results as it ends."""
     batch = [Job(assignment, student, path, ROOT, limits) for student, path in paths.items()]
     done: list[list[SubmissionResult]] = []
     with Sandbox(max_slots=jobs, limits=limits) as sandbox, ThreadPoolExecutor(max_workers=jobs) as executor:
@@ -92,7 +94,7 @@ def repeat(
         for _ in range(runs):
             done.append(grade_batch(batch, executor, grade))
             if after_each:
-                after_each(done)
+                after_each(done[-1])
     return done
 
 
@@ -140,16 +142,16 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "assignment" else "right")
     found, seen, done = {}, {}, {}
 
-    def record(assignment: str, runs: list[list[SubmissionResult]]) -> None:
-        seen[assignment], done[assignment] = verdicts(runs), len(runs)
-        if arguments.save:
-            save(arguments.save, seen, done)
+    def record(assignment: str, results: list[SubmissionResult]) -> None:
+        verdicts([results], seen.setdefault(assignment, defaultdict(set)))
+        done[assignment] = done.get(assignment, 0) + 1
+        save(arguments.save, seen, done)
 
     for assignment in arguments.assignments:
         with tempfile.TemporaryDirectory() as scratch:
             paths = bank_submissions(assignment, Path(scratch))
             started = time.monotonic()
-            after_each = partial(record, assignment)
+            after_each = partial(record, assignment) if arguments.save else None
             runs = repeat(assignment, paths, arguments.runs, arguments.jobs, Limits(), after_each=after_each)
             seconds = time.monotonic() - started
         cells = sum(len(result.cells) for results in runs for result in results)
