@@ -30,6 +30,24 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+#: what CUDA's sticky errors say when an older torch raises them as a plain ``RuntimeError`` (newer ones raise
+#: ``torch.AcceleratorError``): after one, every later CUDA call of the process fails
+_STICKY_ERRORS = ("CUDA error", "device-side assert triggered", "illegal memory access")
+
+
+def is_accelerator_fault(name: str, message: str) -> bool:
+    """Whether an exception (its type's ``name`` and its ``message``) is an accelerator's error that can leave
+    the process's device context unusable, like a CUDA device-side assert (an index out of range in a kernel).
+
+    PyTorch reports these as ``torch.AcceleratorError`` (a ``RuntimeError``), older releases as a
+    ``RuntimeError`` whose message starts with "CUDA error"; see "CUDA semantics: asynchronous execution" in
+    PyTorch's documentation. Only a new process gets a working device again: the grader replaces the kernel.
+    """
+    if name == "AcceleratorError":
+        return True
+    return name == "RuntimeError" and any(text in message for text in _STICKY_ERRORS)
+
+
 def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A ``torch.Generator`` on ``device`` seeded with ``seed``, so that draws do not touch global state."""
     generator = torch.Generator(device=device)

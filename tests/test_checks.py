@@ -16,7 +16,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
+from attention_course.checks import engine
 from attention_course.checks.engine import CheckFailure
 from attention_course.grading import split
 from attention_course.registry import ASSIGNMENTS as REGISTERED
@@ -199,3 +201,31 @@ def test_test_cells_are_the_registry_behaviours(assignment):
     assert set(exercise.functions) == {behaviour.function for behaviour in behaviours}
     assert set(reference_sources(exercise)) == set(exercise.functions)
     assert notebook_functions(exercise, reference_sources(exercise)).keys() == set(exercise.functions)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # torch.AcceleratorError is new in torch 2.8: the engine knows a fault by its name and message
+        (getattr(torch, "AcceleratorError", None) or type("AcceleratorError", (RuntimeError,), {}))(
+            "CUDA error: device-side assert triggered"
+        ),
+        RuntimeError("CUDA error: an illegal memory access was encountered"),  # as torch < 2.8 raised it
+    ],
+    ids=["AcceleratorError", "RuntimeError"],
+)
+def test_an_accelerator_fault_is_the_cells_error_not_an_outcome(error):
+    """After a CUDA device-side assert every CUDA call of the process fails, so a fault is raised (with a note
+    that says so), not recorded as what the function returned; an ordinary error is recorded."""
+    call = engine.Call("attention", {"query": torch.ones(2, 3)})
+
+    def faulty(query):
+        raise error
+
+    def wrong(query):
+        raise RuntimeError("the shapes do not match")
+
+    with pytest.raises(type(error)) as raised:
+        engine.execute(faulty, call)
+    assert "restart the kernel" in " ".join(getattr(raised.value, "__notes__", []))
+    assert engine.execute(wrong, call).raised == "RuntimeError"

@@ -127,3 +127,69 @@ def test_each_kernel_starts_with_the_same_torch_random_state():
                 executed = execute(nbformat.v4.new_notebook(cells=[cell]), slot, Limits(cell_timeout=60))
             printed.append("".join(o.get("text", "") for o in executed.notebook.cells[0].outputs))
     assert printed == [f"{TORCH_DEFAULT_SEED} {expected}\n"] * 2
+
+
+FAULTS = (  # a CUDA device-side assert as torch raises it now, and an illegal access as older releases did
+    "raise AcceleratorError('CUDA error: device-side assert triggered')",
+    "raise RuntimeError('CUDA error: an illegal memory access was encountered')",
+)
+
+
+# torch.AcceleratorError is new in torch 2.8; the grader knows a fault by its name and message
+ACCELERATOR_ERROR = (
+    "AcceleratorError = getattr(torch, 'AcceleratorError', None)\n"
+    "AcceleratorError = AcceleratorError or type('AcceleratorError', (RuntimeError,), {})"
+)
+
+
+def test_the_cells_after_a_gpu_fault_run_in_a_new_kernel():
+    """A CUDA device-side assert (an index out of range in a kernel) leaves the process's GPU unusable, so
+    that every later cell would fail on a GPU where it passes on a CPU. The faulting cell keeps its error;
+    the cells after it run in a new kernel, with the definitions before replayed (not the faulting cell).
+
+    On a CPU the fault is simulated: each faulting cell raises the error and marks its process, and a later
+    cell fails if it runs in a marked process. Faults are not counted against ``max_restarts``: each moves on
+    by a cell.
+    """
+    sources = [
+        f"import builtins\nimport torch\n\n{ACCELERATOR_ERROR}\nvalue = 41",
+        f"builtins.faulted = True\n{FAULTS[0]}",
+        "assert not getattr(builtins, 'faulted', False), 'ran in the faulted kernel'\nprint(value + 1)",
+        f"builtins.faulted = True\n{FAULTS[1]}",
+        "assert not getattr(builtins, 'faulted', False), 'ran in the faulted kernel'\nprint(value + 2)",
+        "raise RuntimeError('the shapes do not match')",  # an ordinary error: the same kernel goes on
+        "print(builtins.__dict__.get('faulted', 'same kernel'))",
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    with sandbox.Sandbox(max_slots=1) as pool, pool.slot() as slot:
+        executed = execute(notebook, slot, Limits(cell_timeout=60), max_restarts=1)
+    faults = [(1, "AcceleratorError"), (3, "AcceleratorError")]
+    assert [(r.cell, r.reason) for r in executed.restarts] == faults
+    assert executed.gave_up_after is None and executed.stopped is None
+    cells = executed.notebook.cells
+    assert [[o.ename for o in c.outputs if o.output_type == "error"] for c in cells] == [
+        [],
+        ["AcceleratorError"],
+        [],
+        ["RuntimeError"],
+        [],
+        ["RuntimeError"],
+        [],
+    ]
+    printed = ["".join(o.get("text", "") for o in cell.outputs) for cell in cells]
+    assert printed[2] == "42\n" and printed[4] == "43\n" and printed[6] == "same kernel\n"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_real_device_side_assert_costs_only_its_own_cell():
+    """The same on a GPU, with a real device-side assert: an index out of range in a CUDA kernel."""
+    sources = [
+        "import torch\n\nx = torch.arange(4.0, device='cuda')",
+        "x[torch.tensor([7], device='cuda')].sum().item()",
+        "print(x.sum().item())",
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    with sandbox.Sandbox(max_slots=1) as pool, pool.slot() as slot:
+        executed = execute(notebook, slot, Limits(cell_timeout=60))
+    assert [(r.cell, r.reason) for r in executed.restarts] == [(1, "AcceleratorError")]
+    assert "".join(o.get("text", "") for o in executed.notebook.cells[2].outputs) == "6.0\n"

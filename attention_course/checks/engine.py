@@ -27,13 +27,17 @@ from typing import Any, NoReturn
 import torch
 
 from attention_course import registry
-from attention_course.device import default_device, seeded_generator
+from attention_course.device import default_device, is_accelerator_fault, seeded_generator
 
 # the profiler's switches, taken when the checks are imported (before a learner's cell can replace them)
 _SETPROFILE, _GETPROFILE = sys.setprofile, sys.getprofile
 _FIND_AND_LOAD = importlib._bootstrap._find_and_load.__code__  # every import goes through it
 # the recorder that attention-grade installs in a kernel, before any cell runs: then behaviours record
 RECORDER: list[Any] = []
+ACCELERATOR_NOTE = (
+    "{function} caused an accelerator error (on CUDA, often an index out of range): this process cannot use "
+    "the GPU any more. Fix the cause, then restart the kernel."
+)
 
 
 class CheckFailure(AssertionError):
@@ -273,7 +277,9 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
     called, so that neither an alias nor a helper hides a built-in; the learner's own functions (its globals)
     and imports are left out, and a canary proves that the profiler works (else not ``observed``). Torch's
     global generators are seeded with ``seed`` and restored, so that the outcome never depends on what ran
-    before. ``BaseException`` s (a time limit's ``KeyboardInterrupt``) are not caught.
+    before. ``BaseException`` s (a time limit's ``KeyboardInterrupt``) are not caught, and an accelerator's
+    error (:func:`~attention_course.device.is_accelerator_fault`, such as a CUDA device-side assert) is raised
+    again with a note: it leaves the process's GPU unusable, so it is the cell's error, not an outcome.
     """
     owner = _namespace(fn)
     args, kwargs = call.copies()
@@ -321,6 +327,12 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
             listening[0] = False
             intact = _GETPROFILE() is profile
             _SETPROFILE(previous)
+    if error is not None and is_accelerator_fault(type(error).__name__, str(error)):
+        # the device is unusable in this process from now on, so every later call would fail for this one's
+        # fault: raised, not recorded (the grader starts a new kernel for the cells after this one)
+        if hasattr(error, "add_note"):
+            error.add_note(ACCELERATOR_NOTE.format(function=call.function))
+        raise error
     messages = tuple(dict.fromkeys(str(w.message) for w in caught))
     for message in messages:
         print(f"note: {call.function} emitted a warning: {message}")  # stdout: a warning is not a failure

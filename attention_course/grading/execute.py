@@ -13,8 +13,10 @@ recorded when it ends (:mod:`~attention_course.grading.seals`).
 Where nbgrader gives up on the whole submission, this recovers: when a cell kills its kernel (a crash,
 ``os._exit``) or cannot be interrupted (a loop that ignores ``SIGINT``), the cell gets an error output, a new
 kernel is forked, the definitions that ran before are replayed, and execution goes on with the next cell.
-After ``max_restarts`` such recoveries it stops. What happened comes back as a typed record,
-:class:`Execution`.
+After ``max_restarts`` such recoveries it stops. A cell that ends with an accelerator's error (a CUDA
+device-side assert, after which every CUDA call of the process fails) keeps its own error, and the cells
+after it run in a new kernel too: on a GPU, one faulty function would otherwise fail every later cell,
+which it does not on a CPU. What happened comes back as a typed record, :class:`Execution`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 
+from attention_course.device import is_accelerator_fault
 from attention_course.grading import seals
 from attention_course.grading.sandbox import Limits, SandboxError, Slot, kernel_manager
 
@@ -44,14 +47,16 @@ TIMEOUT_ERROR = {
 }
 #: how often a kernel client tries to connect to a kernel that has not bound its sockets yet (milliseconds)
 RECONNECT_MS = 10
+#: the reason of a kernel replaced because a cell left its GPU unusable (a CUDA device-side assert)
+ACCELERATOR_FAULT = "AcceleratorError"
 #: errors after which a cell is not replayed into a new kernel (it would only fail the same way again)
 _UNREPLAYABLE = {"KeyboardInterrupt", "CellTimeoutError", "DeadKernelError"}
 
 
 @dataclass(frozen=True)
 class Restart:
-    """A kernel replaced after cell ``cell`` killed it (``DeadKernelError``) or could not be interrupted
-    (``CellTimeoutError``)."""
+    """A kernel replaced after cell ``cell`` killed it (``DeadKernelError``), could not be interrupted
+    (``CellTimeoutError``) or left its GPU unusable (:data:`ACCELERATOR_FAULT`)."""
 
     cell: int
     reason: str
@@ -106,6 +111,15 @@ def _replayable(cell: NotebookNode) -> bool:
         and cell.source.strip() != ""
         and not is_graded(cell)
         and not errors & _UNREPLAYABLE
+        and not _faulted_accelerator(cell)
+    )
+
+
+def _faulted_accelerator(cell: NotebookNode) -> bool:
+    """Whether the cell ended with an accelerator's error that leaves the kernel's GPU unusable."""
+    return any(
+        o.output_type == "error" and is_accelerator_fault(o.get("ename", ""), o.get("evalue", ""))
+        for o in cell.get("outputs", [])
     )
 
 
@@ -250,7 +264,7 @@ def execute(
             on_cell_executed=on_cell_executed,
         )
         client.output_limit = limits.output_mib * 2**20
-        stopped: tuple[int, Exception] | None = None
+        stopped: tuple[int, Exception | None] | None = None  # None: the cell faulted the kernel's GPU
         try:
             with client.setup_kernel(cleanup_kc=True):  # stop the channels and the kernel, even on a failure
                 assert client.kc is not None
@@ -279,6 +293,9 @@ def execute(
                     except (CellTimeoutError, DeadKernelError) as error:
                         stopped = (index, error)
                         break
+                    if _faulted_accelerator(notebook.cells[index]):
+                        stopped = (index, None)
+                        break
         except SandboxError:
             record.sandbox_lost = True
             record.stopped = "the sandbox's fork server died (a cell killed the grader's process)"
@@ -303,22 +320,26 @@ def execute(
         if index >= len(notebook.cells):
             break
         cell = notebook.cells[index]
-        if isinstance(error, DeadKernelError):
-            ename, evalue = (
-                "DeadKernelError",
-                "the kernel died while running this cell (memory limit or a crash)",
-            )
+        if error is None:  # the cell has its own error output; a new process is the only way to a working GPU
+            ename = ACCELERATOR_FAULT
         else:
-            ename, evalue = (
-                "CellTimeoutError",
-                f"the cell ran past {client.timeout} s and could not be interrupted",
-            )
-        evalue += "; a new kernel ran the cells after it"
-        if cell.cell_type == "code":
-            cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[]))
+            if isinstance(error, DeadKernelError):
+                ename, evalue = (
+                    "DeadKernelError",
+                    "the kernel died while running this cell (memory limit or a crash)",
+                )
+            else:
+                ename, evalue = (
+                    "CellTimeoutError",
+                    f"the cell ran past {client.timeout} s and could not be interrupted",
+                )
+            evalue += "; a new kernel ran the cells after it"
+            if cell.cell_type == "code":
+                cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[]))
         record.restarts.append(Restart(index, ename))
         start = index + 1
-        if len(record.restarts) > max_restarts:
+        # an accelerator's fault is not counted: each moves on by at least one cell, and it costs only a fork
+        if sum(restart.reason != ACCELERATOR_FAULT for restart in record.restarts) > max_restarts:
             record.gave_up_after = index
             break
     return record
