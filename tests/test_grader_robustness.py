@@ -10,7 +10,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import nbformat
@@ -93,6 +96,34 @@ def test_scratch_folders_go_to_dev_shm_only_where_it_is_a_big_enough_tmpfs(
     monkeypatch.setattr(sandbox.psutil, "disk_partitions", lambda all=False: parts)
     monkeypatch.setattr(sandbox, "SHM_NEEDED", needed)
     assert fresh_scratch_base() == expected
+
+
+def test_the_folders_of_a_killed_grader_are_removed_by_the_next_one(tmp_path, monkeypatch):
+    """A grader killed with SIGKILL leaves its folders (in memory, on /dev/shm); the next one removes those
+    that no living process has locked, and keeps its own, a young one (its owner may not have locked it
+    yet) and whatever is not the grader's."""
+    monkeypatch.setattr(sandbox, "scratch_base", lambda: str(tmp_path))
+    killed = f"""
+import os, signal
+from attention_course.grading import sandbox
+sandbox.scratch_base = lambda: {str(tmp_path)!r}
+for prefix in sandbox.OWNED_PREFIXES:
+    (sandbox.owned_folder(prefix) / "left").write_text("behind")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    assert subprocess.run([sys.executable, "-c", killed], cwd=ROOT).returncode == -signal.SIGKILL
+    abandoned = sorted(tmp_path.iterdir())
+    assert [folder.name.rsplit("-", 1)[0] + "-" for folder in abandoned] == sorted(sandbox.OWNED_PREFIXES)
+    living = sandbox.owned_folder("ag-")  # this process's own, locked
+    (tmp_path / "ag-young").mkdir()
+    (tmp_path / "not-the-graders").mkdir()
+    long_ago = time.time() - 3600
+    for folder in [*abandoned, living, tmp_path / "not-the-graders"]:
+        os.utime(folder, (long_ago, long_ago))
+    assert sandbox.remove_abandoned_folders.__wrapped__() == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([living.name, "ag-young", "not-the-graders"])
+    sandbox.release_folder(living)
+    assert not living.exists() and sandbox.remove_abandoned_folders.__wrapped__() == 0
 
 
 @pytest.mark.skipif(not isolation().namespaces, reason="bubblewrap cannot create namespaces here")

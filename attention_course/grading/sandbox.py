@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import importlib.util
 import json
@@ -314,6 +315,80 @@ def scratch_base() -> str | None:
     return "/tmp" if Path("/tmp").is_dir() else None
 
 
+#: the prefixes of the folders that :func:`owned_folder` makes
+OWNED_PREFIXES = ("ag-", "grade-inputs-", "grade-recordings-")
+#: an unlocked folder younger than this may be one whose owner has not locked it yet
+ABANDONED_AFTER_SECONDS = 60
+_held: dict[str, int] = {}  # folder: the descriptor whose lock says that this process owns it
+_held_lock = threading.Lock()
+
+
+def owned_folder(prefix: str) -> Path:
+    """A new folder for this process in :func:`scratch_base`, which stays locked while the process lives.
+
+    A process killed before it removes its folders (``SIGKILL``, a Dask worker stopped by its nanny) leaves
+    them behind, in memory where :func:`scratch_base` is ``/dev/shm``. Each folder holds an exclusive
+    ``flock`` on itself until :func:`release_folder` or the end of its process (and of any child forked with
+    the descriptor), so that the first call in each process can remove the folders whose owner is gone
+    (:func:`remove_abandoned_folders`).
+
+    Raises:
+        OSError: if the folder cannot be made.
+    """
+    assert prefix in OWNED_PREFIXES, prefix
+    remove_abandoned_folders()
+    path = tempfile.mkdtemp(prefix=prefix, dir=scratch_base())
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    with _held_lock:
+        _held[path] = descriptor
+    return Path(path)
+
+
+def release_folder(path: Path) -> None:
+    """Remove a folder made by :func:`owned_folder`, and its lock."""
+    shutil.rmtree(path, ignore_errors=True)
+    with _held_lock:
+        descriptor = _held.pop(str(path), None)
+    if descriptor is not None:
+        os.close(descriptor)
+
+
+@functools.cache  # once per process: later owners remove what is abandoned after this
+def remove_abandoned_folders() -> int:
+    """Remove the folders of :func:`owned_folder` in :func:`scratch_base` that no living process holds and
+    that are older than :data:`ABANDONED_AFTER_SECONDS`; return how many there were. Folders of other users,
+    and any that cannot be opened, are left alone."""
+    base = scratch_base() or tempfile.gettempdir()
+    removed = 0
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(OWNED_PREFIXES):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+            if time.time() - entry.stat().st_mtime < ABANDONED_AFTER_SECONDS:
+                continue
+            descriptor = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: its owner lives
+        except OSError:
+            os.close(descriptor)
+            continue
+        try:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(descriptor)
+    return removed
+
+
 def _file_system(path: str) -> str:
     """The type of the file system mounted at ``path`` (``tmpfs``, ``ext4``), ``""`` if none is."""
     types = [part.fstype for part in psutil.disk_partitions(all=True) if part.mountpoint == path]
@@ -522,7 +597,7 @@ class Sandbox:
     _available: threading.Semaphore | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self._root = Path(tempfile.mkdtemp(prefix="ag-", dir=scratch_base()))
+        self._root = owned_folder("ag-")
         if self.max_slots:
             self._available = threading.Semaphore(self.max_slots)
         info = isolation()
@@ -572,7 +647,7 @@ class Sandbox:
             for slot in self._free:
                 slot.close()
             self._free.clear()
-        shutil.rmtree(self._root, ignore_errors=True)
+        release_folder(self._root)
 
     def __enter__(self) -> Sandbox:
         return self

@@ -15,7 +15,6 @@ import atexit
 import functools
 import secrets
 import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,8 @@ from attention_course.grading.sandbox import (
     Limits,
     Sandbox,
     SandboxError,
-    scratch_base,
+    owned_folder,
+    release_folder,
     solutions_folder,
 )
 from attention_course.registry import ASSIGNMENTS
@@ -143,8 +143,8 @@ def assignment_context(assignment_id: str, root: Path, mode: str) -> AssignmentC
             plans = inputs = None
             if mode == "split":
                 plans = split.make_plans(assignment, split.reference_module(assignment, root))
-                inputs = Path(tempfile.mkdtemp(prefix="grade-inputs-", dir=scratch_base()))
-                atexit.register(shutil.rmtree, inputs, True)
+                inputs = owned_folder("grade-inputs-")
+                atexit.register(release_folder, inputs)
                 split.write_inputs(plans, inputs)
             _contexts[key] = AssignmentContext(master_notebook(source), source.parent, plans, inputs)
         return _contexts[key]
@@ -232,7 +232,7 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
     solutions = solutions_folder(job.root) if job.mode == "together" else None
     sandbox = sandbox or default_sandbox(solutions, job.limits)
     key = secrets.token_bytes(32)
-    private = Path(tempfile.mkdtemp(prefix="grade-recordings-", dir=scratch_base()))  # outside every sandbox
+    private = owned_folder("grade-recordings-")  # outside every sandbox
     try:
         try:
             with sandbox.slot() as slot:
@@ -272,5 +272,5 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
             gave_up_after=execution.gave_up_after,
         )
     finally:
-        shutil.rmtree(private, ignore_errors=True)
+        release_folder(private)
     return result(status, cells, message, warnings, execution.notebook)
