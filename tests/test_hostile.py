@@ -2,12 +2,13 @@
 
 One batch, in a scratch course with its own ``solutions/``, ``submitted/`` and ``gradebook.db``: a clean
 submission, the hostile bank (``tests/banks/hostile.py``: loops, sleeps, memory, fork bombs, daemons, 50 MB
-of output, crashes, exits, forbidden imports, deleting and truncating files, the network, the grader's
-environment, killing the grader's processes, edited, deleted, duplicated and stripped cells, a changed kernel
-spec, a file that is not JSON), the tampering bank (``tests/banks/tampering.py``, judged in split mode), and
-a clean submission again. Every hostile submission gets exactly its expected status and points; both clean
-ones keep full marks; the batch finishes; no process of the batch is left; the course's files, the gradebook
-and a TCP listener on 127.0.0.1 are untouched; the grader's environment never reaches a kernel.
+of output, crashes, a GPU fault, exits, forbidden imports, deleting and truncating files, the network, the
+grader's environment, killing the grader's processes, edited, deleted, duplicated and stripped cells, a
+changed kernel spec, a file that is not JSON), the tampering bank (``tests/banks/tampering.py``, judged in
+split mode), and a clean submission again. Every hostile submission gets exactly its expected status and
+points; both clean ones keep full marks; the batch finishes; no process of the batch is left; the course's
+files, the gradebook and a TCP listener on 127.0.0.1 are untouched; the grader's environment never reaches a
+kernel.
 
 These submissions would harm a machine without the sandbox's namespaces: without them the test is skipped.
 """

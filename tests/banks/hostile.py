@@ -121,6 +121,19 @@ DAEMONS = _code(
     os.waitpid(child, 0)
     """
 )
+GPU_FAULT = _code(
+    """
+    import torch
+
+    # torch.AcceleratorError is new in torch 2.8
+    AcceleratorError = getattr(torch, "AcceleratorError", None)
+    AcceleratorError = AcceleratorError or type("AcceleratorError", (RuntimeError,), {})
+
+
+    def softmax(x, dim=-1):
+        raise AcceleratorError("CUDA error: device-side assert triggered")
+    """
+)
 FORK_BOMB = _code(
     """
     import os
@@ -272,6 +285,13 @@ HOSTILE: tuple[Hostile, ...] = (
         "graded after restarts",
         "DeadKernelError",
         {"softmax": "import ctypes\n\nctypes.string_at(0)"},
+    ),
+    Hostile(  # on CUDA an index out of range is a device-side assert, after which the process's GPU is lost
+        "faults-the-gpu",
+        WITHOUT_SOFTMAX,
+        "graded after restarts",
+        "AcceleratorError",
+        {"softmax": GPU_FAULT},
     ),
     Hostile(
         "syntax-error",
