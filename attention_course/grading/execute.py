@@ -321,21 +321,16 @@ def execute(
             break
         cell = notebook.cells[index]
         if error is None:  # the cell has its own error output; a new process is the only way to a working GPU
-            ename = ACCELERATOR_FAULT
+            ename, evalue = ACCELERATOR_FAULT, ""
+        elif isinstance(error, DeadKernelError):
+            ename = "DeadKernelError"
+            evalue = "the kernel died while running this cell (memory limit or a crash)"
         else:
-            if isinstance(error, DeadKernelError):
-                ename, evalue = (
-                    "DeadKernelError",
-                    "the kernel died while running this cell (memory limit or a crash)",
-                )
-            else:
-                ename, evalue = (
-                    "CellTimeoutError",
-                    f"the cell ran past {client.timeout} s and could not be interrupted",
-                )
+            ename = "CellTimeoutError"
+            evalue = f"the cell ran past {client.timeout} s and could not be interrupted"
+        if evalue and cell.cell_type == "code":
             evalue += "; a new kernel ran the cells after it"
-            if cell.cell_type == "code":
-                cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[]))
+            cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[]))
         record.restarts.append(Restart(index, ename))
         start = index + 1
         # an accelerator's fault is not counted: each moves on by at least one cell, and it costs only a fork

@@ -369,9 +369,10 @@ def remove_abandoned_folders() -> int:
         if not entry.name.startswith(OWNED_PREFIXES):
             continue
         try:
-            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+            status = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or status.st_uid != os.getuid():
                 continue
-            if time.time() - entry.stat().st_mtime < ABANDONED_AFTER_SECONDS:
+            if time.time() - status.st_mtime < ABANDONED_AFTER_SECONDS:
                 continue
             descriptor = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
