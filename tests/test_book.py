@@ -55,7 +55,13 @@ def test_chapter_executes_top_to_bottom(built_book: BookBuild, chapter: Path):
     time: the build is what readers see, and executing each chapter twice doubled the book's share of
     the test run.
     """
-    executed = built_book.require().parent / "jupyter_execute" / "chapters" / f"{chapter.stem}.ipynb"
+    failed = built_book.failed_chapters()
+    if chapter.stem in failed:
+        pytest.fail(f"{chapter.name} failed to execute in the book's build:\n{failed[chapter.stem][-8000:]}")
+    if failed:  # another chapter broke the build: this one's execution is still read back below
+        executed = built_book.html.parent / "jupyter_execute" / "chapters" / f"{chapter.stem}.ipynb"
+    else:
+        executed = built_book.require().parent / "jupyter_execute" / "chapters" / f"{chapter.stem}.ipynb"
     assert executed.is_file(), f"the build left no executed notebook for {chapter.name}"
     code = [cell for cell in nbformat.read(executed, as_version=4).cells if cell.cell_type == "code"]
     written = [cell for cell in jupytext.read(chapter).cells if cell.cell_type == "code"]
@@ -66,6 +72,11 @@ def test_chapter_executes_top_to_bottom(built_book: BookBuild, chapter: Path):
 
 
 def test_book_builds_without_warnings(built_book: BookBuild):
+    """The build passes with warnings as errors. A chapter that failed to execute fails its own test above,
+    not this one too."""
+    failed = built_book.failed_chapters()
+    if built_book.returncode != 0 and failed:
+        pytest.skip(f"the build failed because {', '.join(failed)} failed to execute (their own tests fail)")
     assert built_book.returncode == 0, built_book.log[-10000:]
     html = built_book.html
     for page in (
@@ -103,3 +114,73 @@ def test_book_builds_without_warnings(built_book: BookBuild):
     assert "from solutions" not in exercise
     # MathJax is served from the build, so the maths renders offline
     assert list(html.glob("_static/**/tex-chtml*.js")) or list(html.glob("_static/**/mathjax/**"))
+
+
+def test_a_chapter_that_fails_to_execute_is_named_once(tmp_path):
+    """A failed chapter fails its own test; the tests that read the built book skip, naming the chapter."""
+    html = tmp_path / "html"
+    (html / "reports" / "chapters").mkdir(parents=True)
+    (html / "reports" / "chapters" / "07_transformer_block.err.log").write_text("AssertionError in cell 31")
+    broken = BookBuild(1, "the whole build log", html)
+    assert broken.failed_chapters() == {"07_transformer_block": "AssertionError in cell 31"}
+    with pytest.raises(pytest.skip.Exception, match="07_transformer_block failed to execute"):
+        broken.require()
+    # a build that failed for another reason (a warning) fails every test that needs it, with its log
+    (html / "reports" / "chapters" / "07_transformer_block.err.log").unlink()
+    with pytest.raises(pytest.fail.Exception, match="the whole build log"):
+        broken.require()
+    assert BookBuild(0, "", html).require() == html
+
+
+# The chapters that train models: their asserted numbers depend on the trained weights.
+TRAINING_CHAPTERS = ("06_cross_attention", "07_transformer_block", "08_positions")
+
+
+def _printed(notebook: nbformat.NotebookNode) -> list[list[str]]:
+    """What each code cell printed or displayed as text, in order; cells tagged ``timing`` left out (they
+    print how long something took, which no two runs share)."""
+    texts = []
+    for cell in notebook.cells:
+        if cell.cell_type != "code" or "timing" in cell.metadata.get("tags", []):
+            continue
+        texts.append(
+            [
+                output.get("text", "")
+                if output.output_type == "stream"
+                else output["data"].get("text/plain", "")
+                for output in cell.get("outputs", [])
+                if output.output_type == "stream" or "data" in output
+            ]
+        )
+    return texts
+
+
+def test_training_chapters_are_listed():
+    """Every chapter that builds an optimiser is in TRAINING_CHAPTERS, and each fixes its threads."""
+    training = {chapter.stem for chapter in CHAPTERS if "torch.optim." in chapter.read_text()}
+    assert training == set(TRAINING_CHAPTERS)
+    for name in TRAINING_CHAPTERS:
+        assert "make_reproducible()" in (ROOT / "chapters" / f"{name}.md").read_text(), name
+
+
+@pytest.mark.parametrize("name", TRAINING_CHAPTERS)
+def test_a_training_chapter_prints_the_same_numbers_with_two_threads(built_book, name, monkeypatch):
+    """The book's build runs every chapter with ``OMP_NUM_THREADS=1`` (tests/conftest.py); run again with 2,
+    a chapter that trains prints exactly the same text: the same losses, accuracies and generated text.
+
+    Without ``make_reproducible`` at its top, a chapter's models train with as many threads as the
+    environment gives, and the sums inside each product are added in another order: the weights, and what
+    the chapter prints of them, differ in the last digits or more.
+    """
+    import nbclient
+
+    failed = built_book.failed_chapters()
+    if name in failed:
+        pytest.skip(f"{name} failed to execute in the book's build (its own test fails)")
+    built = built_book.html.parent / "jupyter_execute" / "chapters" / f"{name}.ipynb"
+    notebook = jupytext.read(ROOT / "chapters" / f"{name}.md")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the kernel inherits the environment
+    nbclient.NotebookClient(
+        notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "chapters")}}
+    ).execute()
+    assert _printed(notebook) == _printed(nbformat.read(built, as_version=4))
