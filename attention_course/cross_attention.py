@@ -31,15 +31,14 @@ class CrossAttention(MultiHeadAttention):
 
     The projections are those of :class:`~attention_course.multi_head.MultiHeadAttention` (``w_q``, ``w_k``,
     ``w_v``, ``w_o``, and its ``load_torch_weights``); only ``forward`` differs: keys and values both come
-    from ``source``. During decoding the source does not change from one step to the next, so its keys and
-    values can be computed once per source sentence (``use_cache=True``). The cache remembers *which* source
-    it holds (the tensor itself and its in-place version counter; also the versions of ``w_k`` and ``w_v``
-    and the grad mode) and is recomputed as soon as another source comes: a cache that is reused for a new
-    sentence silently attends to the old one.
+    from ``source``. During decoding the source does not change from one step to the next, so with
+    ``use_cache=True`` its keys and values are computed once per source and reused; as soon as another source
+    comes (or the same tensor, changed in place, or the weights, changed), they must be computed again: a
+    cache that is reused for a new sentence silently attends to the old one.
 
     Args:
-        d_model: the width of the target, the source and the output.
-        n_heads: the number of heads; it must divide ``d_model``.
+        d_model: the width of the target, the source and the output, an ``int``.
+        n_heads: the number of heads, an ``int`` that divides ``d_model``.
         bias: whether the four projections have biases.
 
     Raises:
@@ -61,18 +60,25 @@ class CrossAttention(MultiHeadAttention):
 
         Args:
             target: ``[batch, tgt_len, d_model]``, the decoder's states (the queries).
-            source: ``[batch, src_len, d_model]``, the encoder's output (keys and values).
+            source: ``[batch, src_len, d_model]``, the encoder's output (keys and values); both floating,
+                the dtype and device of the module's parameters.
             mask: boolean, ``True`` = may attend, broadcastable to ``[batch, n_heads, tgt_len, src_len]``:
                 usually the source padding mask ``[batch, 1, 1, src_len]``; a ``[batch, tgt_len, src_len]``
-                mask is the same for every head. ``None``: every source position.
-            use_cache: reuse the keys and values of ``source`` if they were computed for this very tensor
-                (same object, not modified in place since); otherwise compute them and keep them.
+                mask is the same for every head. ``None``: every source position. A target position with no
+                allowed source position gets zero weights.
+            use_cache: reuse the keys and values computed for ``source`` by an earlier call, if that call had
+                the same source tensor, unchanged since, and the same weights; otherwise compute them and keep
+                them for the next call.
 
         Returns:
-            ``(output, weights)``: ``[batch, tgt_len, d_model]`` and ``[batch, n_heads, tgt_len, src_len]``.
+            ``(output, weights)``: ``[batch, tgt_len, d_model]`` and ``[batch, n_heads, tgt_len, src_len]``,
+            in the dtype of ``target``. The same with or without the cache.
 
         Raises:
             TypeError: if ``mask`` is not boolean.
+
+        Source: Vaswani et al. 2017, section 3.2.3 (encoder-decoder attention), with the multi-head attention
+        of section 3.2.2.
         """
         batch, tgt_len, _ = target.shape
         q = self.w_q(target).view(batch, tgt_len, self.n_heads, self.d_head).transpose(1, 2)
@@ -92,9 +98,16 @@ class CrossAttention(MultiHeadAttention):
         return self.w_o(heads), weights
 
     def source_kv(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values of ``source``, ``[batch, n_heads, src_len, d_head]`` each, from the cache when
-        it holds this very tensor, unchanged, computed with the current weights and grad mode; else computed
-        and cached. The cache keeps ``source`` alive until :meth:`clear_cache`."""
+        """The keys and values of ``source``, from the cache when it holds them for this source, unchanged,
+        and the current weights; else computed and cached.
+
+        Args:
+            source: ``[batch, src_len, d_model]``, floating, the dtype and device of the module's parameters.
+
+        Returns:
+            ``(keys, values)``, ``[batch, n_heads, src_len, d_head]`` each. The cache keeps ``source`` alive
+            until :meth:`clear_cache`.
+        """
         state = (source._version, torch.is_grad_enabled(), *(p._version for p in self._source_parameters()))
         cached = self._cached
         if cached is not None and cached[0] is source and cached[1] == state:
@@ -129,11 +142,11 @@ class DecoderLayer(nn.Module):
     sum ("residual dropout", Vaswani et al. section 5.4) and after the feed-forward network's activation.
 
     Args:
-        d_model: the model width.
-        n_heads: heads of both attentions; a divisor of ``d_model``.
-        d_ff: the feed-forward network's inner width (2048 for ``d_model = 512`` in the paper).
+        d_model: the model width, an ``int``.
+        n_heads: heads of both attentions, an ``int`` that divides ``d_model``.
+        d_ff: the feed-forward network's inner width, an ``int`` (2048 for ``d_model = 512`` in the paper).
         norm_first: pre-LN if True, post-LN if False.
-        dropout: the dropout probability, in ``[0, 1)``.
+        dropout: the dropout probability, a ``float`` in ``[0, 1)``; dropout acts in training mode only.
 
     Raises:
         ValueError: if ``n_heads`` does not divide ``d_model``.
@@ -163,16 +176,21 @@ class DecoderLayer(nn.Module):
 
         Args:
             x: ``[batch, tgt_len, d_model]``, the target so far.
-            memory: ``[batch, src_len, d_model]``, the encoder's output.
-            self_mask: boolean, ``True`` = may attend, broadcastable to ``[batch, n_heads, tgt_len,
-            tgt_len]``:
-                the causal mask, with the target's padding if any.
+            memory: ``[batch, src_len, d_model]``, the encoder's output; both floating, the dtype and device
+                of the layer's parameters.
+            self_mask: boolean, ``True`` = may attend, broadcastable to
+                ``[batch, n_heads, tgt_len, tgt_len]``: the causal mask, with the target's padding if any.
             memory_mask: boolean, broadcastable to ``[batch, n_heads, tgt_len, src_len]``: the source padding
                 mask (no causal part: the whole source is known).
             use_cache: let the cross-attention reuse the keys and values of ``memory``.
 
         Returns:
-            ``[batch, tgt_len, d_model]``.
+            ``[batch, tgt_len, d_model]``, in the dtype of ``x``.
+
+        Raises:
+            TypeError: if a mask is not boolean.
+
+        Source: Vaswani et al. 2017, section 3.1 (the decoder's three sub-layers).
         """
         if self.norm_first:
             x = x + self._self_block(self.norm1(x), self_mask)

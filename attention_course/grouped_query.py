@@ -22,21 +22,22 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """Repeat each key/value head ``n_rep`` times, next to itself: heads ``[a, b] -> [a, a, b, b]``.
 
     ``[batch, n_kv_heads, len, d_head] -> [batch, n_kv_heads * n_rep, len, d_head]``, so that query head ``i``
-    meets key/value head ``i // n_rep``. This is ``x.repeat_interleave(n_rep, dim=1)``; ``x.repeat(1, n_rep,
-    1, 1)`` tiles instead (``[a, b, a, b]``) and pairs query heads with the wrong group.
+    meets key/value head ``i // n_rep``: head ``i`` of the result equals head ``i // n_rep`` of ``x``. Tiled
+    heads (``[a, b, a, b]``) have the right shape and pair query heads with the wrong group.
 
     Args:
         x: ``[batch, n_kv_heads, len, d_head]``, any dtype and device.
-        n_rep: how many query heads share each key/value head, at least 1.
+        n_rep: how many query heads share each key/value head, an ``int``, at least 1.
 
     Returns:
-        ``[batch, n_kv_heads * n_rep, len, d_head]``; ``x`` itself when ``n_rep == 1``.
+        ``[batch, n_kv_heads * n_rep, len, d_head]``, the dtype and device of ``x``; ``x`` itself when
+        ``n_rep == 1``.
 
     Raises:
         ValueError: if ``x`` is not four-dimensional or ``n_rep < 1``.
 
-    Source: Ainslie et al. 2023, section 2.2; Hugging Face ``transformers``' ``repeat_kv``; the
-    ``enable_gqa`` option of ``torch.nn.functional.scaled_dot_product_attention``.
+    Source: Ainslie et al. 2023, section 2.2 (groups of consecutive query heads); PyTorch documents the same
+    pairing for ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)``.
     """
     if x.dim() != 4 or n_rep < 1:
         raise ValueError(f"x must be [batch, n_kv_heads, len, d_head] and n_rep >= 1, got {list(x.shape)}")
@@ -50,21 +51,21 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 class GroupedQueryAttention(nn.Module):
     """Grouped-query attention: ``n_heads`` query heads share ``n_kv_heads`` key/value heads.
 
-    Projections: ``q_proj`` ``d_model -> n_heads d_head``, ``k_proj`` and ``v_proj`` ``d_model -> n_kv_heads
-    d_head``, ``o_proj`` ``n_heads d_head -> d_model``, with ``d_head = d_model // n_heads``. Parameters:
-    ``2 d_model^2 + 2 n_kv_heads d_head d_model`` (and ``2 d_model + 2 n_kv_heads d_head`` biases).
+    Projections (attributes, named as in Hugging Face's Llama): ``q_proj`` ``d_model -> n_heads d_head``,
+    ``k_proj`` and ``v_proj`` ``d_model -> n_kv_heads d_head``, ``o_proj`` ``n_heads d_head -> d_model``, with
+    ``d_head = d_model // n_heads``.
 
     Args:
-        d_model: the width of the inputs and the output.
-        n_heads: the number of query heads, a divisor of ``d_model``.
-        n_kv_heads: the number of key/value heads, a divisor of ``n_heads`` (``n_heads``: multi-head
-            attention; 1: multi-query attention).
+        d_model: the width of the inputs and the output, an ``int``.
+        n_heads: the number of query heads, an ``int`` that divides ``d_model``.
+        n_kv_heads: the number of key/value heads, an ``int`` that divides ``n_heads`` (``n_heads``:
+            multi-head attention; 1: multi-query attention).
         bias: whether the projections have biases.
 
     Raises:
         ValueError: if ``n_heads`` does not divide ``d_model`` or ``n_kv_heads`` does not divide ``n_heads``.
 
-    Source: Ainslie et al. 2023; Shazeer 2019.
+    Source: Ainslie et al. 2023, section 2.2; Shazeer 2019, section 3 (multi-query attention).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool = True) -> None:
@@ -93,12 +94,15 @@ class GroupedQueryAttention(nn.Module):
         Args:
             query: ``[batch, q_len, d_model]``.
             key: ``[batch, k_len, d_model]``.
-            value: ``[batch, k_len, d_model]``.
-            mask: boolean, ``True`` = may attend: ``[q_len, k_len]``, ``[batch, q_len, k_len]`` or
-                broadcastable to ``[batch, n_heads, q_len, k_len]``; or ``None``.
+            value: ``[batch, k_len, d_model]``; all three floating, the dtype and device of the module's
+                parameters.
+            mask: boolean, ``True`` = may attend: ``[q_len, k_len]``, ``[batch, q_len, k_len]`` (the same for
+                every head) or broadcastable to ``[batch, n_heads, q_len, k_len]``; or ``None``. A query with
+                no allowed key gets zero weights.
 
         Returns:
-            ``(output, weights)``: ``[batch, q_len, d_model]`` and ``[batch, n_heads, q_len, k_len]``.
+            ``(output, weights)``: ``[batch, q_len, d_model]`` and ``[batch, n_heads, q_len, k_len]`` (every
+            query head's weights), in the dtype of ``query``.
 
         Raises:
             TypeError: if ``mask`` is not boolean.
@@ -128,16 +132,15 @@ class GroupedQueryAttention(nn.Module):
 def kv_cache_bytes(
     n_layers: int, n_kv_heads: int, d_head: int, seq_len: int, batch: int, dtype: torch.dtype
 ) -> int:
-    """Bytes of a key/value cache: ``2 * n_layers * n_kv_heads * d_head * seq_len * batch * bytes(dtype)``.
-
-    A decoder keeps, for every layer and every token so far, one key and one value vector per key/value
-    head: ``2 n_kv_heads d_head`` numbers per token per layer (the 2 counts keys and values). MHA keeps
-    ``2 d_model``, MQA ``2 d_head``.
+    """The bytes of the keys and values that a decoder caches, with every number stored in ``dtype``.
 
     Args:
-        n_layers: decoder layers; n_kv_heads: key/value heads per layer; d_head: their width;
-        seq_len: tokens cached per sequence; batch: sequences; all at least 0.
-        dtype: the cache's dtype (``torch.float16``: 2 bytes per number).
+        n_layers: decoder layers, an ``int``.
+        n_kv_heads: key/value heads per layer, an ``int``.
+        d_head: the width of one head, an ``int``.
+        seq_len: tokens cached per sequence, an ``int``.
+        batch: sequences, an ``int``. All five sizes at least 0.
+        dtype: the cache's ``torch.dtype`` (``torch.float16``: 2 bytes per number).
 
     Returns:
         The size in bytes, an ``int``.
@@ -163,8 +166,9 @@ def gqa_from_mha(mha: nn.MultiheadAttention, n_kv_heads: int) -> GroupedQueryAtt
     pre-training ("uptraining") for about 5% of the original compute to recover the quality.
 
     Args:
-        mha: ``nn.MultiheadAttention`` with one ``in_proj_weight`` (no ``kdim``/``vdim``), no ``add_bias_kv``.
-        n_kv_heads: the key/value heads of the result, a divisor of ``mha.num_heads``.
+        mha: ``nn.MultiheadAttention`` (floating, any device) with one ``in_proj_weight`` (no
+            ``kdim``/``vdim``), no ``add_bias_kv``.
+        n_kv_heads: the key/value heads of the result, an ``int`` that divides ``mha.num_heads``.
 
     Returns:
         A new :class:`GroupedQueryAttention` with the dtype and device of ``mha``.

@@ -77,18 +77,18 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, ``Concat(head_1, ..., head_h) W^O`` with ``head_i = Attention(Q W_i^Q, ...)``.
 
-    Four projections of ``d_model x d_model``: ``w_q``, ``w_k``, ``w_v`` (all heads at once, split after)
-    and ``w_o``. Parameters: ``4 d_model^2``, plus ``4 d_model`` with biases (BERT-base: 2,362,368).
+    Exercises 6 and 7 build on this module and expect its four projections, ``d_model -> d_model`` each, as
+    the attributes ``w_q``, ``w_k``, ``w_v`` (queries, keys and values of all heads) and ``w_o`` (``W^O``).
 
     Args:
-        d_model: the width of the inputs and the output.
-        n_heads: the number of heads; it must divide ``d_model`` (``d_head = d_model // n_heads``).
+        d_model: the width of the inputs and the output, an ``int``.
+        n_heads: the number of heads, an ``int`` that divides ``d_model`` (``d_head = d_model // n_heads``).
         bias: whether the four projections have biases (as ``nn.MultiheadAttention`` does by default).
 
     Raises:
         ValueError: if ``n_heads`` does not divide ``d_model``.
 
-    Source: Vaswani et al. 2017, section 3.2.2.
+    Source: Vaswani et al. 2017, section 3.2.2 (the equation of ``MultiHead``).
     """
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
@@ -113,17 +113,22 @@ class MultiHeadAttention(nn.Module):
         Args:
             query: ``[batch, q_len, d_model]``.
             key: ``[batch, k_len, d_model]``.
-            value: ``[batch, k_len, d_model]``; the dtype and device of the module's parameters.
+            value: ``[batch, k_len, d_model]``; all three floating, the dtype and device of the module's
+                parameters.
             mask: boolean, ``True`` = may attend: ``[q_len, k_len]``, ``[batch, q_len, k_len]`` (the same
                 for every head) or broadcastable to ``[batch, n_heads, q_len, k_len]`` (chapter 3's masks);
                 or ``None``. A query with no allowed key gets zero weights (chapter 3's rule).
 
         Returns:
             ``(output, weights)``: ``[batch, q_len, d_model]`` and ``[batch, n_heads, q_len, k_len]``, the
-            weights of every head (``nn.MultiheadAttention`` with ``average_attn_weights=False``).
+            weights of every head (``nn.MultiheadAttention`` with ``average_attn_weights=False``), both in
+            the dtype of ``query``.
 
         Raises:
             TypeError: if ``mask`` is not boolean.
+
+        Source: Vaswani et al. 2017, section 3.2.2, with each head's scaled dot-product attention (equation 1)
+        at the scale ``1 / sqrt(d_head)``.
         """
         # split_heads, written out, so that the module stands alone (exercises 6 and 7 carry it over)
         batch, q_len, k_len, shape = query.size(0), query.size(1), key.size(1), (self.n_heads, self.d_head)
@@ -155,8 +160,8 @@ class MultiHeadAttention(nn.Module):
         with ``in_proj_bias`` ``[3 d_model]``, and keeps ``W^O`` in ``out_proj``.
 
         Args:
-            torch_mha: ``nn.MultiheadAttention`` of this module's ``d_model`` and ``n_heads``, with equal
-                query, key and value widths (no ``kdim``/``vdim``), biases as this module's, no
+            torch_mha: ``nn.MultiheadAttention`` of this module's ``d_model``, ``n_heads``, dtype and device,
+                with equal query, key and value widths (no ``kdim``/``vdim``), biases as this module's, no
                 ``add_bias_kv``.
 
         Returns:
@@ -212,23 +217,20 @@ def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
 
 
 def mha_parameter_count(d_model: int, n_heads: int, bias: bool = True) -> int:
-    """The number of parameters of :class:`MultiHeadAttention`: ``4 d_model^2`` (``+ 4 d_model`` biases).
-
-    It does not depend on ``n_heads``: the heads share out the ``d_model`` columns of each projection.
-    BERT-base (``d_model=768``, 12 heads): 2,362,368, as ``nn.MultiheadAttention(768, 12)``.
+    """The number of parameters of ``MultiHeadAttention(d_model, n_heads, bias)``, without building it.
 
     Args:
-        d_model: the model width, at least 1.
-        n_heads: the number of heads, a divisor of ``d_model``.
-        bias: count the biases of the four projections.
+        d_model: the model width, an ``int``, at least 1.
+        n_heads: the number of heads, an ``int`` that divides ``d_model``.
+        bias: whether to count the biases of the four projections (a ``bool``).
 
     Returns:
-        An ``int``.
+        An ``int``, the number that ``nn.MultiheadAttention(d_model, n_heads, bias=bias)`` has too.
 
     Raises:
         ValueError: if ``d_model < 1`` or ``n_heads`` does not divide it.
 
-    Source: Vaswani et al. 2017, section 3.2.2 (four projections: W^Q, W^K, W^V of all heads, and W^O).
+    Source: Vaswani et al. 2017, section 3.2.2 (the matrices ``W_i^Q``, ``W_i^K``, ``W_i^V`` and ``W^O``).
     """
     if d_model < 1 or n_heads < 1 or d_model % n_heads:
         raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}, both at least 1")
