@@ -51,8 +51,14 @@ def scaled_dot_product_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, ``softmax(Q K^T / sqrt(d_k)) V``, with an optional boolean mask.
 
+    Precision: float64 and float32 inputs are computed in their own dtype. This implementation computes
+    float16 and bfloat16 inputs in float32 (the scores, the softmax and the weighted sum of the values) and
+    rounds the results to the input dtype once, at the end, as mixed-precision practice keeps reductions
+    such as softmax's sum in float32; rounding every step to the 11 or 8 bits of a half-precision significand
+    is a few times less exact than ``F.scaled_dot_product_attention``, and is also correct here.
+
     Args:
-        query: ``[..., q_len, d_k]``, floating dtype.
+        query: ``[..., q_len, d_k]``, float64, float32, float16 or bfloat16, on any device.
         key: ``[..., k_len, d_k]``, same dtype and device as ``query``.
         value: ``[..., k_len, d_v]``, same dtype and device as ``query``.
         mask: optional boolean tensor broadcastable to ``[..., q_len, k_len]``; ``True`` means the query
@@ -70,6 +76,7 @@ def scaled_dot_product_attention(
         TypeError: if ``mask`` is not boolean.
 
     Source: Vaswani et al. 2017, section 3.2.1, eq. (1); the scale is footnote 4's ``Var(q . k) = d_k``.
+    Half precision: Micikevicius et al. 2018, "Mixed Precision Training", section 3.3.
     """
     if query.size(-1) != key.size(-1):
         raise ValueError(f"query and key must share d_k, got {query.size(-1)} and {key.size(-1)}")
@@ -77,6 +84,10 @@ def scaled_dot_product_attention(
         raise ValueError(f"key and value must share k_len, got {key.size(-2)} and {value.size(-2)}")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+    if query.dtype in (torch.float16, torch.bfloat16):
+        # half precision: compute in float32 and round once (see above); float32 and float64 run below
+        output, weights = scaled_dot_product_attention(query.float(), key.float(), value.float(), mask)
+        return output.to(query.dtype), weights.to(query.dtype)
     d_k = query.size(-1)
     # Vaswani et al. 2017, footnote 4: q . k has variance d_k, so divide by sqrt(d_k) to keep it near 1
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # [..., q_len, k_len]

@@ -256,23 +256,37 @@ def rope_batched_positions(part: Part) -> Iterator[Check]:
         yield _rope_check(part, x, torch.tensor(positions, device=part.device), 10000.0, False)
 
 
+# positions of the half-precision cases: angles computed in float16 or bfloat16 are far off there, while
+# float32 angles, from either 1 / base^(2i/d) or base^(-2i/d), stay within the result's own rounding. The
+# float32 case comes first, so that a mistake of another kind fails without the note on half precision
+HALF_POSITIONS = (0, 3, 77, 333, 1234, 1999)
+HALF = (torch.float16, torch.bfloat16)
+HALF_NOTE = (
+    "In float16 and bfloat16 too, compute the angles in float32 and cast the result back: an angle near 200 "
+    "is a multiple of 0.125 in float16, and of 1 in bfloat16."
+)
+
+
 @behaviour(function="apply_rope", points=1, hints=HINTS)
 def rope_dtype_device(part: Part) -> Iterator[Check]:
     """apply_rope returns a tensor of x's shape, dtype and device (float32, float16, bfloat16), rotated with
-    the tolerance of that dtype."""
+    the tolerance of that dtype; in float16 and bfloat16 at positions up to 2000, which need angles computed
+    in float32."""
     dtypes = (
-        (torch.float32, torch.float16) if not part.hidden else (torch.bfloat16, torch.float32, torch.float64)
+        (torch.float32, torch.float16) if not part.hidden else (torch.float32, torch.bfloat16, torch.float64)
     )
     for index, dtype in enumerate(dtypes):
         x = randn((2, 3, 6, 8), seed=80 + index, device=part.device, dtype=dtype)
-        positions = torch.arange(6, device=part.device)
+        positions = torch.tensor(HALF_POSITIONS) if dtype in HALF else torch.arange(6)
+        positions = positions.to(part.device)
         call = part.call(x=x, positions=positions)
         expected = rope(x, positions.cpu(), 10000.0, False)
+        note = HALF_NOTE if dtype in HALF else ""
 
-        def judge(result: Any, call=call, x=x, expected=expected) -> None:
+        def judge(result: Any, call=call, x=x, expected=expected, note=note) -> None:
             where = f"the result of {call}"
             engine.assert_format(result, where, x.shape, x.dtype, x.device)
-            assert_values(result, expected, where, dtype=x.dtype)
+            assert_values(result, expected, where, dtype=x.dtype, note=note)
 
         yield Check(call, judge, untouched=True)
 

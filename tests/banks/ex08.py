@@ -187,7 +187,18 @@ ROWS = [
         "positions_ignored",
         "positions.to(work)[..., None]",
         "torch.arange(x.size(-2), device=x.device, dtype=work)[..., None]",
-        {**every(ROPE_VALUES[:2], "the positions argument is ignored"), ROPE_VALUES[2]: "do not line up"},
+        {
+            **every(ROPE_VALUES[:2], "the positions argument is ignored"),
+            ROPE_VALUES[2]: "do not line up",
+            "rope_dtype_device": "does not match",
+        },
+    ),
+    Row(
+        "apply_rope",
+        "angles_in_half",
+        "work = torch.float64 if x.dtype == torch.float64 else torch.float32",
+        "work = x.dtype",
+        {"rope_dtype_device": "compute the angles in float32"},
     ),
     Row(
         "apply_rope",
