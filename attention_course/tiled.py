@@ -34,9 +34,10 @@ def online_softmax_merge(
         l = sum_j exp(s_j - m)              the running sum
         o = sum_j exp(s_j - m) v_j          the unnormalised output
 
-    and the attention output over ``J`` is ``o / l``. Two states merge exactly: with ``m = max(m_a, m_b)``,
-    ``l = exp(m_a - m) l_a + exp(m_b - m) l_b`` and ``o = exp(m_a - m) o_a + exp(m_b - m) o_b``. The merge
-    is associative and commutative, so blocks of keys can be merged in any order or grouping.
+    and the attention output over ``J`` is ``o / l``. Given the states of the same queries over two disjoint
+    sets of keys ``A`` and ``B``, the merge returns their state over the union of ``A`` and ``B`` (up to
+    rounding). It is therefore associative and commutative: blocks of keys can be merged in any order or
+    grouping.
 
     A state over no key (every key masked, or none seen yet) is ``(-inf, 0, 0)``; it is the merge's
     identity, and merging two of them gives ``(-inf, 0, 0)``, never NaN.
@@ -77,16 +78,18 @@ def tiled_attention(
 ) -> torch.Tensor:
     """Scaled dot-product attention computed over blocks of keys, never forming the ``[q_len, k_len]`` scores.
 
-    For each block of ``block_size`` keys (the last one may be shorter), it computes the block's scores
-    ``[..., q_len, block_size]``, masks them, turns them into the block's state (its max, the sum of
-    ``exp(scores - max)`` and those weights times the block's values) and merges that into the running state
-    with :func:`online_softmax_merge`. At the end the output is the running output divided by the running
-    sum. The result equals ``softmax(Q K^T / sqrt(d_k)) V`` (and chapter 3's ``masked_attention``) up to
-    rounding; the largest tensor it creates has ``q_len * block_size`` elements per leading index, or that of
-    the inputs or the output if larger.
+    The keys are taken ``block_size`` at a time (the last block may be shorter), each block's state merged
+    into a running one (:func:`online_softmax_merge`). The result equals ``softmax(Q K^T / sqrt(d_k)) V``
+    (and chapter 3's ``masked_attention``) up to rounding; the largest tensor it creates has
+    ``q_len * block_size`` elements per leading index, or that of the inputs or the output if larger.
+
+    Precision: float64 and float32 inputs are computed in their own dtype. This implementation computes
+    float16 and bfloat16 inputs in float32 (the scores and the running max, sum and output, as mixed-precision
+    practice keeps sums in float32) and rounds the output to the input dtype once, at the end; a computation
+    in the inputs' own dtype is a few times less exact, and is also correct here.
 
     Args:
-        query: ``[..., q_len, d_k]``, floating dtype.
+        query: ``[..., q_len, d_k]``, float64, float32, float16 or bfloat16, on any device.
         key: ``[..., k_len, d_k]``, same dtype and device.
         value: ``[..., k_len, d_v]``, same dtype and device; ``...`` are the same leading axes for all three.
         block_size: the number of keys per block, at least 1.
@@ -102,7 +105,8 @@ def tiled_attention(
         TypeError: if ``mask`` is not boolean.
 
     Source: Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness",
-    algorithm 1 (the forward pass, here with every query in one block); Milakov and Gimelshein 2018.
+    algorithm 1 (the forward pass, here with every query in one block); Milakov and Gimelshein 2018. Half
+    precision: Micikevicius et al. 2018, "Mixed Precision Training", section 3.3.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
@@ -112,6 +116,9 @@ def tiled_attention(
         raise ValueError(f"key and value must share k_len, got {key.size(-2)} and {value.size(-2)}")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+    if query.dtype in (torch.float16, torch.bfloat16):
+        # half precision: compute in float32 and round once (see above); float32 and float64 run below
+        return tiled_attention(query.float(), key.float(), value.float(), block_size, mask).to(query.dtype)
     k_len, q_len, d_v = key.size(-2), query.size(-2), value.size(-1)
     if mask is not None:
         mask = mask.expand(*mask.shape[:-1], k_len)  # a view: a mask of one column broadcasts over the keys
