@@ -4,7 +4,8 @@
 #   make release   regenerate the student notebooks in exercises/ from solutions/ (nbgrader)
 #   make grade     grade a folder of submissions: make grade ASSIGNMENT=ex02_scaled_dot_product SUBMISSIONS=submitted
 #   make lint      ruff check and format check
-#   make notebooks regenerate the chapters' notebooks chapters/*.ipynb (for Colab and Binder) from the .md
+#   make notebooks regenerate the chapters' notebooks chapters/*.ipynb (for Colab and Binder) from the .md,
+#                  their MyST markup (citations, cross-references, directives) in plain Markdown
 #   make chromium  install Debian's chromium for the browser tests, if missing (needs root and apt-get)
 #   make postgresql install Debian's PostgreSQL server for the gradebook tests, if missing (root and apt-get)
 #   make student-release DEST=dir   a copy of the course for learners: no solutions, banks or hidden tests
@@ -43,6 +44,7 @@ grade: $(VENV)/.installed
 
 notebooks: $(VENV)/.installed
 	$(BIN)/jupytext --update --to ipynb chapters/*.md
+	$(BIN)/python _ext/plain_markdown.py chapters/*.ipynb
 
 # Without root or apt-get the browser tests are skipped (they say why); a failed install stops here.
 chromium:

@@ -5,6 +5,14 @@
 - Alt text for every figure that a cell draws: a code cell's metadata ``alt`` holds one text, or a list
   with one text per image the cell outputs, in order (myst-nb's own ``mystnb: image: alt:`` gives all
   the images of a cell the same text, which does not describe a figure of several panels).
+- Figures at twice their pixels: the chapters draw in matplotlib's "retina" format, whose output gives
+  the figure's size in CSS pixels (half its pixels). Only the width is kept: with a fixed height too, a
+  figure squeezed into a phone's column would be squashed instead of scaled.
+- Search snippets without TeX: Sphinx's search cuts a result's snippet from the text of the page's HTML,
+  where a formula is still TeX source (MathJax typesets it only on the page itself), so "softmax" found
+  "\\(\\operatorname{softmax}(QK^\\top)\\)". A small script has the search leave formulas out of the text it
+  cuts snippets from, each marked by an ellipsis (Sphinx has no setting for it, only one that drops every
+  snippet: ``html_show_search_summary``).
 - Each inline script once per page: Sphinx 7.4 adds an inline script that an extension registers after
   the builder has started twice (once from the registry with ``filename=''``, once directly with
   ``filename=None``), so every page declared ``const THEBE_JS_URL`` twice and the browser logged
@@ -52,17 +60,23 @@ class AuthorYearLabelStyle(BaseLabelStyle):
 
     @staticmethod
     def format_label(entry) -> str:
-        people = entry.persons.get("author") or entry.persons.get("editor") or []
-        surnames = [Text.from_latex(" ".join(person.last_names)).render_as("text") for person in people]
-        if not surnames:
-            author = entry.fields.get("title", entry.key)
-        elif len(surnames) == 1:
-            author = surnames[0]
-        elif len(surnames) == 2:
-            author = f"{surnames[0]} and {surnames[1]}"
-        else:
-            author = f"{surnames[0]} et al."
-        return f"{author}, {entry.fields.get('year', 'n.d.')}"
+        author, year = author_and_year(entry)
+        return f"{author}, {year}"
+
+
+def author_and_year(entry) -> tuple[str, str]:
+    """("Vaswani et al.", "2017") for a pybtex entry: the book's citations, and the chapters' notebooks."""
+    people = entry.persons.get("author") or entry.persons.get("editor") or []
+    surnames = [Text.from_latex(" ".join(person.last_names)).render_as("text") for person in people]
+    if not surnames:
+        author = entry.fields.get("title", entry.key)
+    elif len(surnames) == 1:
+        author = surnames[0]
+    elif len(surnames) == 2:
+        author = f"{surnames[0]} and {surnames[1]}"
+    else:
+        author = f"{surnames[0]} et al."
+    return author, entry.fields.get("year", "n.d.")
 
 
 class AuthorYearStyle(PlainStyle):
@@ -89,6 +103,29 @@ def _figure_alt_texts(app, doctree) -> None:
             image["alt"] = text
 
 
+# Runs before searchtools.js (the theme loads it after the page's scripts), so it waits for the page to be
+# parsed; searchtools starts searching on the same event, after it (its listener is added later).
+SEARCH_WITHOUT_TEX = """
+document.addEventListener("DOMContentLoaded", () => {
+  if (typeof Search === "undefined" || !Search.htmlToText) return;
+  const htmlToText = Search.htmlToText;
+  Search.htmlToText = (html, anchor) => {
+    const page = new DOMParser().parseFromString(html, "text/html");
+    page.querySelectorAll(".math").forEach((math) => math.replaceWith("\u2026"));
+    return htmlToText(page.documentElement.outerHTML, anchor);
+  };
+});
+"""
+
+
+def _figure_width_only(app, doctree) -> None:
+    """Drop the height of the images that code cells output (see the module docstring)."""
+    for cell in doctree.findall(nodes.container):
+        if cell.get("nb_element") == "cell_code":
+            for image in cell.findall(nodes.image):
+                image.attributes.pop("height", None)
+
+
 def _unique_scripts(app, pagename, templatename, context, doctree) -> None:
     """Drop the second copy of an inline script (see the module docstring)."""
     seen, unique = set(), []
@@ -107,5 +144,7 @@ def setup(app):
         "sphinxcontrib.bibtex.style.referencing", "course_author_year", RoundAuthorYearReferenceStyle
     )
     app.connect("doctree-read", _figure_alt_texts)
+    app.connect("doctree-read", _figure_width_only)
+    app.add_js_file(None, body=SEARCH_WITHOUT_TEX)
     app.connect("html-page-context", _unique_scripts, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

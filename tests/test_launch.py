@@ -2,7 +2,8 @@
 
 Colab and Binder open a notebook from the repository on GitHub, so the files the buttons point at must
 be committed there: the chapters' notebooks `chapters/<name>.ipynb` (generated from the MyST sources by
-`make notebooks`; a test fails when one is stale), the exercises' student releases, and Binder's
+`make notebooks`, their markdown cells rewritten in the plain Markdown that Jupyter and Colab render by
+_ext/plain_markdown.py; a test fails when one is stale), the exercises' student releases, and Binder's
 environment file `binder/requirements.txt`. Each notebook starts with a set-up cell that installs the
 course library from the repository where it is missing (Colab) and does nothing where it is installed
 (Binder, a learner's machine, the graders). Without network access these tests check the URLs, the
@@ -25,9 +26,13 @@ import jupytext
 import nbformat
 import pytest
 import yaml
+from IPython.core.inputtransformer2 import TransformerManager
 from packaging.requirements import Requirement
 
 from tests.conftest import ROOT, BookBuild
+
+sys.path.insert(0, str(ROOT / "_ext"))  # the book's own tools, imported as Sphinx and `make notebooks` do
+plain_markdown = importlib.import_module("plain_markdown")
 
 # one xdist worker builds the book for every test that reads it (make test runs with --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("book")
@@ -65,12 +70,19 @@ def tracked_or_committable(path: Path) -> bool:
 # --- the chapters' notebooks ---
 
 
+@pytest.fixture(scope="module")
+def book() -> plain_markdown.Book:
+    return plain_markdown.Book.load(ROOT)
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
-def test_chapter_notebook_is_current(chapter: Path):
-    """`chapters/<name>.ipynb` holds exactly the cells of `chapters/<name>.md` (run `make notebooks`)."""
+def test_chapter_notebook_is_current(chapter: Path, book: plain_markdown.Book):
+    """`chapters/<name>.ipynb` holds exactly the cells of `chapters/<name>.md`, its markdown cells in plain
+    Markdown (run `make notebooks`)."""
     committed = nbformat.read(chapter.with_suffix(".ipynb"), as_version=4)
     nbformat.validate(committed)
-    expected = jupytext.read(chapter)
+    page = chapter.relative_to(ROOT).with_suffix("").as_posix()
+    expected = plain_markdown.plain_notebook(jupytext.read(chapter), book, page)
 
     def cells(notebook):
         return [(cell.cell_type, cell.source, dict(cell.metadata)) for cell in notebook.cells]
@@ -80,6 +92,75 @@ def test_chapter_notebook_is_current(chapter: Path):
     )
     assert committed.metadata.kernelspec.name == "python3"
     assert all(not cell.get("outputs") for cell in committed.cells if cell.cell_type == "code")
+
+
+@pytest.mark.parametrize(
+    "notebook",
+    [chapter.with_suffix(".ipynb") for chapter in CHAPTERS] + EXERCISES,
+    ids=lambda path: path.stem,
+)
+def test_launched_notebooks_hold_no_myst_markup(notebook: Path):
+    """Jupyter and Colab render CommonMark: a citation, cross-reference, target, comment or directive left
+    in MyST syntax would show as it is written."""
+    cells = nbformat.read(notebook, as_version=4).cells
+    markers = [found for cell in cells if cell.cell_type == "markdown" for found in myst_markers(cell.source)]
+    assert markers == [], f"{len(markers)} MyST markers in {notebook.name} (make notebooks): {markers[:10]}"
+
+
+def myst_markers(markdown: str) -> list[str]:
+    return plain_markdown.myst_markers(markdown)
+
+
+MYST = """\
+(ch-example)=
+# An example
+
+% a comment for the authors
+Scaled {cite:p}`vaswani2017attention{section 3.2.1}`, as {cite:t}`bahdanau2015neural` did not; see
+{ref}`ch-masks`, {ref}`the table <ch-masks-fill-values>`, {doc}`../exercises/ex03_masks/ex03_masks`
+and {doc}`the next chapter <03_masks>`, with $\\sqrt{d_k}$ and {math}`x^2`.
+
+:::{admonition} The course library's functions
+:class: dropdown
+
+```{literalinclude} ../attention_course/masks.py
+:language: python
+:pyobject: causal_mask
+:start-at: k_len = q_len
+:end-at: return (key_position
+:dedent:
+```
+:::
+
+```{admonition} A tempting mistake
+:class: warning
+It is tempting to write {ref}`notation`.
+```
+
+```python
+text = "{cite}`kept` in code"
+```"""
+
+
+def test_myst_becomes_plain_markdown(book: plain_markdown.Book):
+    plain = plain_markdown.plain_markdown(MYST, book, "chapters/02_example")
+    site = "https://attention-course.github.io/attention-course/"
+    assert plain.startswith("# An example\n\nScaled ([Vaswani et al., 2017, section 3.2.1](https://arxiv")
+    assert "as [Bahdanau et al. (2015)](https://arxiv.org/" in plain
+    assert f"see\n[Masks]({site}chapters/03_masks.html#ch-masks), " in plain
+    assert f"[the table]({site}chapters/03_masks.html#ch-masks-fill-values)" in plain
+    assert f"[Exercise 3: masks]({site}exercises/ex03_masks/ex03_masks.html)" in plain
+    assert f"[the next chapter]({site}chapters/03_masks.html)" in plain
+    assert "$\\sqrt{d_k}$ and $x^2$." in plain
+    folded = "<details>\n<summary><b>The course library's functions</b></summary>\n\n```python\n"
+    assert f"{folded}k_len = q_len if k_len is None else k_len\n" in plain  # the lines the book shows
+    assert "\n    return (key_position <= query_position)[None, None]" not in plain  # dedented
+    assert "[None, None]  # [1, 1, q_len, k_len]\n```\n\n</details>" in plain
+    assert f"> **A tempting mistake**\n>\n> It is tempting to write [Notation]({site}notation.html" in plain
+    assert plain.endswith('```python\ntext = "{cite}`kept` in code"\n```')
+    assert "comment" not in plain and "(ch-example)=" not in plain
+    assert myst_markers(MYST) and not myst_markers(plain)
+    assert plain_markdown.plain_markdown(plain, book, "chapters/02_example") == plain  # nothing left to do
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
@@ -169,8 +250,9 @@ def test_notebooks_import_only_what_the_course_installs():
         for line in importlib.metadata.requires("attention-course") or []
         if "extra ==" not in line
     }
+    cells_as_python = TransformerManager().transform_cell  # a magic (`%config`) as the Python IPython runs
     sources = [
-        cell.source
+        cells_as_python(cell.source)
         for path in [*CHAPTERS, *EXERCISES]
         for cell in (jupytext.read(path) if path.suffix == ".md" else nbformat.read(path, 4)).cells
         if cell.cell_type == "code"
