@@ -10,7 +10,8 @@ each assertion is from failing. It runs the chapter's code cells (read with jupy
 and thread count, each run in a fresh Python process:
 
 - every seed the chapter passes to ``torch.manual_seed`` or ``attention_course.device.seeded_generator`` is
-  shifted by the offset (offset 0 is the chapter as written: its data, its initial weights, its batches);
+  shifted by the offset (offset 0 is the chapter as written: its data, its initial weights, its batches),
+  except the seeds named by ``--keep`` (say, the one that samples a chapter's corpus);
 - ``make_reproducible`` fixes ``threads`` intra-op threads instead of the chapter's one;
 - each ``assert`` is evaluated and recorded instead of raised: whether it held, and the values of both sides
   of each comparison in it.
@@ -41,10 +42,12 @@ import attention_course.device as device_module
 
 offset, threads, chapter = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 chosen = {int(number) for number in sys.argv[4].split(",")} if sys.argv[4] else None
+kept = {int(number) for number in sys.argv[5].split(",")} if sys.argv[5] else set()
 manual_seed, seeded_generator, make_reproducible = (
     torch.manual_seed, device_module.seeded_generator, device_module.make_reproducible)
-torch.manual_seed = lambda seed: manual_seed(seed + offset)
-device_module.seeded_generator = lambda seed, device="cpu": seeded_generator(seed + offset, device)
+torch.manual_seed = lambda seed: manual_seed(seed if seed in kept else seed + offset)
+device_module.seeded_generator = lambda seed, device="cpu": seeded_generator(
+    seed if seed in kept else seed + offset, device)
 device_module.make_reproducible = lambda threads_=1: make_reproducible(threads)
 
 records = []
@@ -112,18 +115,19 @@ print("RECORDS " + json.dumps(records))
 """
 
 
-def run(chapter: Path, offset: int, threads: int, cells: str) -> list[dict]:
+def run(chapter: Path, offset: int, threads: int, cells: str, kept: str) -> list[dict]:
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads), "MPLBACKEND": "Agg"}
     done = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(offset), str(threads), str(chapter), cells],
+        [sys.executable, "-c", RUNNER, str(offset), str(threads), str(chapter), cells, kept],
         cwd=chapter.parent,
         env=environment,
         capture_output=True,
         text=True,
     )
+    printed = [line for line in done.stdout.splitlines() if not line.startswith("RECORDS ")]
     for line in done.stdout.splitlines():
         if line.startswith("RECORDS "):
-            return json.loads(line[len("RECORDS ") :])
+            return [*json.loads(line[len("RECORDS ") :]), {"printed": printed}]
     return [{"where": "process", "assertion": "(it ran)", "held": done.stderr[-500:], "sides": []}]
 
 
@@ -138,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="run only these code cells, e.g. 1,2,8-11 (default: all; the others' names are missing)",
     )
+    parser.add_argument(
+        "--keep",
+        default="",
+        help="seeds left unshifted, e.g. 1 for the data a chapter samples once (default: none)",
+    )
     parser.add_argument("--json", type=Path, help="also write every run's records here")
     arguments = parser.parse_args(argv)
     chapter = Path(arguments.chapter)  # a chapter's name, or the path of a copy
@@ -148,16 +157,23 @@ def main(argv: list[str] | None = None) -> int:
         for part in filter(None, arguments.cells.split(","))
         for number in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
     )
-    runs = [(offset, threads) for offset in range(arguments.seeds) for threads in arguments.threads]
+    runs = [(offset, threads) for threads in arguments.threads for offset in range(arguments.seeds)]
+    results: dict[tuple[int, int], list[dict]] = {}
+
+    def one(key: tuple[int, int]) -> None:
+        results[key] = run(chapter, *key, cells, arguments.keep)
+        if arguments.json:  # after every run, so that an interrupted measurement keeps what it has
+            arguments.json.write_text(
+                json.dumps({f"{offset},{threads}": records for (offset, threads), records in results.items()})
+            )
+
     with ThreadPoolExecutor(arguments.jobs) as pool:
-        results = dict(zip(runs, pool.map(lambda key: run(chapter, *key, cells), runs), strict=True))
-    if arguments.json:
-        arguments.json.write_text(
-            json.dumps({f"{offset},{threads}": records for (offset, threads), records in results.items()})
-        )
+        list(pool.map(one, runs))
     summary: dict[tuple[str, str], dict] = {}
     for (offset, threads), records in results.items():
         for item in records:
+            if "printed" in item:
+                continue
             entry = summary.setdefault(
                 (item["where"], item["assertion"]), {"held": 0, "failed": [], "sides": {}}
             )
