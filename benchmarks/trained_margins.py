@@ -124,10 +124,14 @@ def run(chapter: Path, offset: int, threads: int, cells: str, kept: str) -> list
         capture_output=True,
         text=True,
     )
-    printed = [line for line in done.stdout.splitlines() if not line.startswith("RECORDS ")]
+    printed, records = [], None
     for line in done.stdout.splitlines():
         if line.startswith("RECORDS "):
-            return [*json.loads(line[len("RECORDS ") :]), {"printed": printed}]
+            records = json.loads(line[len("RECORDS ") :])
+        else:
+            printed.append(line)
+    if records is not None:
+        return [*records, {"printed": printed}]
     return [{"where": "process", "assertion": "(it ran)", "held": done.stderr[-500:], "sides": []}]
 
 

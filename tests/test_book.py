@@ -58,10 +58,9 @@ def test_chapter_executes_top_to_bottom(built_book: BookBuild, chapter: Path):
     failed = built_book.failed_chapters()
     if chapter.stem in failed:
         pytest.fail(f"{chapter.name} failed to execute in the book's build:\n{failed[chapter.stem][-8000:]}")
-    if failed:  # another chapter broke the build: this one's execution is still read back below
-        executed = built_book.html.parent / "jupyter_execute" / "chapters" / f"{chapter.stem}.ipynb"
-    else:
-        executed = built_book.require().parent / "jupyter_execute" / "chapters" / f"{chapter.stem}.ipynb"
+    if not failed:  # when another chapter broke the build, this one's execution is still read back below
+        built_book.require()
+    executed = built_book.html.parent / "jupyter_execute" / "chapters" / f"{chapter.stem}.ipynb"
     assert executed.is_file(), f"the build left no executed notebook for {chapter.name}"
     code = [cell for cell in nbformat.read(executed, as_version=4).cells if cell.cell_type == "code"]
     written = [cell for cell in jupytext.read(chapter).cells if cell.cell_type == "code"]
