@@ -37,7 +37,8 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Source: Vaswani et al. 2017, eq. (1); Goodfellow, Bengio and Courville 2016, section 4.1.
     """
-    # subtract the max of each slice: softmax is shift invariant, and exp() would overflow otherwise
+    # subtract the max of each slice: softmax is shift invariant, and exp()
+    # would overflow otherwise
     shifted = x - x.amax(dim=dim, keepdim=True)  # same shape as x
     exp = torch.exp(shifted)
     return exp / exp.sum(dim=dim, keepdim=True)
@@ -79,20 +80,35 @@ def scaled_dot_product_attention(
     Half precision: Micikevicius et al. 2018, "Mixed Precision Training", section 3.3.
     """
     if query.size(-1) != key.size(-1):
-        raise ValueError(f"query and key must share d_k, got {query.size(-1)} and {key.size(-1)}")
+        raise ValueError(
+            f"query and key must share d_k, got {query.size(-1)} and "
+            f"{key.size(-1)}"
+        )
     if key.size(-2) != value.size(-2):
-        raise ValueError(f"key and value must share k_len, got {key.size(-2)} and {value.size(-2)}")
+        raise ValueError(
+            f"key and value must share k_len, got {key.size(-2)} and "
+            f"{value.size(-2)}"
+        )
     if mask is not None and mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+        raise TypeError(
+            f"mask must be boolean (True = may attend), got {mask.dtype}"
+        )
     if query.dtype in (torch.float16, torch.bfloat16):
-        # half precision: compute in float32 and round once (see above); float32 and float64 run below
-        output, weights = scaled_dot_product_attention(query.float(), key.float(), value.float(), mask)
+        # half precision: compute in float32 and round once (see above);
+        # float32 and float64 run below
+        output, weights = scaled_dot_product_attention(
+            query.float(), key.float(), value.float(), mask
+        )
         return output.to(query.dtype), weights.to(query.dtype)
     d_k = query.size(-1)
-    # Vaswani et al. 2017, footnote 4: q . k has variance d_k, so divide by sqrt(d_k) to keep it near 1
-    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # [..., q_len, k_len]
+    # Vaswani et al. 2017, footnote 4: q . k has variance d_k, so divide by
+    # sqrt(d_k) to keep it near 1
+    # [..., q_len, k_len]
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)
     if mask is not None:
-        # exp(-inf) = 0: a masked key gets no weight; torch.where broadcasts mask and scores both ways
+        # exp(-inf) = 0: a masked key gets no weight; torch.where broadcasts
+        # mask and scores both ways
         scores = torch.where(mask, scores, float("-inf"))
     weights = softmax(scores, dim=-1)  # normalise over the keys
-    return weights @ value, weights  # [..., q_len, d_v], [..., q_len, k_len]
+    # [..., q_len, d_v], [..., q_len, k_len]
+    return weights @ value, weights

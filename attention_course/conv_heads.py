@@ -40,15 +40,22 @@ def quadratic_relative_encoding(
     Layers" (ICLR), equation 9 and section 3.
     """
     rows, cols = torch.meshgrid(
-        torch.arange(height, device=device), torch.arange(width, device=device), indexing="ij"
+        torch.arange(height, device=device),
+        torch.arange(width, device=device),
+        indexing="ij",
     )
-    pixels = torch.stack((rows, cols), dim=-1).flatten(0, 1).to(dtype)  # [height * width, 2]
-    delta = pixels.unsqueeze(0) - pixels.unsqueeze(1)  # [query, key, 2]: key - query
+    # [height * width, 2]
+    pixels = torch.stack((rows, cols), dim=-1).flatten(0, 1).to(dtype)
+    # [query, key, 2]: key - query
+    delta = pixels.unsqueeze(0) - pixels.unsqueeze(1)
     return torch.cat((delta.pow(2).sum(-1, keepdim=True), delta), dim=-1)
 
 
 def attention_conv2d(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, alpha: float = 50.0
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    alpha: float = 50.0,
 ) -> torch.Tensor:
     """A multi-head self-attention layer with ``K^2`` positional heads that computes, as ``alpha`` grows,
     ``F.conv2d(x, weight, bias, padding=K // 2)``.
@@ -76,31 +83,50 @@ def attention_conv2d(
     """
     c_out, c_in, k, k2 = weight.shape
     if k != k2 or k % 2 == 0:
-        raise ValueError(f"the kernel must be square with an odd side, got {k} x {k2}")
+        raise ValueError(
+            f"the kernel must be square with an odd side, got {k} x {k2}"
+        )
     if c_in != x.size(1):
-        raise ValueError(f"the kernel has {c_in} input channels, x has {x.size(1)}")
+        raise ValueError(
+            f"the kernel has {c_in} input channels, x has {x.size(1)}"
+        )
     batch, _, height, width = x.shape
     pad = k // 2
-    padded = F.pad(x, (pad, pad, pad, pad))  # zero padding: the keys outside the image hold zeros
-    r = quadratic_relative_encoding(height + 2 * pad, width + 2 * pad, x.dtype, x.device)
+    # zero padding: the keys outside the image hold zeros
+    padded = F.pad(x, (pad, pad, pad, pad))
+    r = quadratic_relative_encoding(
+        height + 2 * pad, width + 2 * pad, x.dtype, x.device
+    )
     rows = torch.arange(pad, pad + height, device=x.device).unsqueeze(1)
-    queries = (rows * (width + 2 * pad) + torch.arange(pad, pad + width, device=x.device)).flatten()
-    r = r[queries]  # [height * width, keys, 3]: the original pixels are the queries
+    queries = (
+        rows * (width + 2 * pad)
+        + torch.arange(pad, pad + width, device=x.device)
+    ).flatten()
+    # [height * width, keys, 3]: the original pixels are the queries
+    r = r[queries]
     offsets = torch.arange(k, dtype=x.dtype, device=x.device) - pad
-    shifts = torch.cartesian_prod(offsets, offsets)  # [K * K, 2]: Delta of weight[:, :, a, b], row by row
+    # [K * K, 2]: Delta of weight[:, :, a, b], row by row
+    shifts = torch.cartesian_prod(offsets, offsets)
     ones = torch.ones(k * k, 1, dtype=x.dtype, device=x.device)
-    v = -alpha * torch.cat((ones, -2 * shifts), dim=-1)  # [K * K, 3]: each head's vector
-    weights = torch.softmax(torch.einsum("qkd,hd->hqk", r, v), dim=-1)  # [K * K, queries, keys]
+    # [K * K, 3]: each head's vector
+    v = -alpha * torch.cat((ones, -2 * shifts), dim=-1)
+    # [K * K, queries, keys]
+    weights = torch.softmax(torch.einsum("qkd,hd->hqk", r, v), dim=-1)
     values = padded.flatten(2).transpose(1, 2)  # [batch, keys, C_in]
-    value_output = weight.flatten(2).permute(2, 1, 0)  # [K * K, C_in, C_out]: weight[:, :, Delta]^T per head
-    out = torch.einsum("hqk,bkc,hco->bqo", weights, values, value_output)  # the heads' outputs, summed
+    # [K * K, C_in, C_out]: weight[:, :, Delta]^T per head
+    value_output = weight.flatten(2).permute(2, 1, 0)
+    # the heads' outputs, summed
+    out = torch.einsum("hqk,bkc,hco->bqo", weights, values, value_output)
     if bias is not None:
         out = out + bias
     return out.transpose(1, 2).reshape(batch, c_out, height, width)
 
 
 def attention_conv1d(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, alpha: float = 50.0
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    alpha: float = 50.0,
 ) -> torch.Tensor:
     """The 1-D case: ``K`` heads with ``r_delta = (delta^2, delta)`` and ``v = -alpha (1, -2 Delta)`` compute
     ``F.conv1d(x, weight, bias, padding=K // 2)`` as ``alpha`` grows.
@@ -121,13 +147,20 @@ def attention_conv1d(
     if k % 2 == 0:
         raise ValueError(f"the kernel must have an odd size, got {k}")
     if weight.size(1) != x.size(1):
-        raise ValueError(f"the kernel has {weight.size(1)} input channels, x has {x.size(1)}")
+        raise ValueError(
+            f"the kernel has {weight.size(1)} input channels, x has "
+            f"{x.size(1)}"
+        )
     pad, length = k // 2, x.size(-1)
     padded = F.pad(x, (pad, pad))
-    positions = torch.arange(length + 2 * pad, dtype=x.dtype, device=x.device)
-    delta = positions - positions[pad : pad + length].unsqueeze(1)  # [queries, keys]: key - query
+    positions = torch.arange(
+        length + 2 * pad, dtype=x.dtype, device=x.device
+    )
+    # [queries, keys]: key - query
+    delta = positions - positions[pad : pad + length].unsqueeze(1)
     shifts = torch.arange(k, dtype=x.dtype, device=x.device) - pad  # [K]
-    scores = -alpha * (delta.pow(2) - 2 * shifts.view(-1, 1, 1) * delta)  # [K, queries, keys]
+    # [K, queries, keys]
+    scores = -alpha * (delta.pow(2) - 2 * shifts.view(-1, 1, 1) * delta)
     weights = torch.softmax(scores, dim=-1)
     out = torch.einsum("hqk,bck,och->boq", weights, padded, weight)
     return out if bias is None else out + bias.unsqueeze(-1)

@@ -47,7 +47,9 @@ class CrossAttention(MultiHeadAttention):
     Source: Vaswani et al. 2017, section 3.2.3.
     """
 
-    _cached: tuple[torch.Tensor, tuple, torch.Tensor, torch.Tensor] | None = None
+    _cached: (
+        tuple[torch.Tensor, tuple, torch.Tensor, torch.Tensor] | None
+    ) = None
 
     def forward(
         self,
@@ -81,23 +83,47 @@ class CrossAttention(MultiHeadAttention):
         of section 3.2.2.
         """
         batch, tgt_len, _ = target.shape
-        q = self.w_q(target).view(batch, tgt_len, self.n_heads, self.d_head).transpose(1, 2)
-        k, v = self.source_kv(source) if use_cache else self._project_source(source)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # [batch, n_heads, tgt_len, src_len]
+        q = (
+            self.w_q(target)
+            .view(batch, tgt_len, self.n_heads, self.d_head)
+            .transpose(1, 2)
+        )
+        k, v = (
+            self.source_kv(source)
+            if use_cache
+            else self._project_source(source)
+        )
+        # [batch, n_heads, tgt_len, src_len]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
         if mask is None:
             weights = torch.softmax(scores, dim=-1)
         else:
             if mask.dtype != torch.bool:
-                raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-            if mask.dim() == 3:  # [batch, tgt_len, src_len]: the same for every head
+                raise TypeError(
+                    "mask must be boolean (True = may attend), got "
+                    f"{mask.dtype}"
+                )
+            # [batch, tgt_len, src_len]: the same for every head
+            if mask.dim() == 3:
                 mask = mask.unsqueeze(1)
-            has_key = mask.any(dim=-1, keepdim=True)  # a row with no allowed key gets zero weights
-            scores = torch.where(mask & has_key, scores, float("-inf")).masked_fill(~has_key, 0.0)
-            weights = torch.where(has_key, torch.softmax(scores, dim=-1), 0.0)
-        heads = (weights @ v).transpose(1, 2).reshape(batch, tgt_len, self.d_model)
+            # a row with no allowed key gets zero weights
+            has_key = mask.any(dim=-1, keepdim=True)
+            scores = torch.where(
+                mask & has_key, scores, float("-inf")
+            ).masked_fill(~has_key, 0.0)
+            weights = torch.where(
+                has_key, torch.softmax(scores, dim=-1), 0.0
+            )
+        heads = (
+            (weights @ v)
+            .transpose(1, 2)
+            .reshape(batch, tgt_len, self.d_model)
+        )
         return self.w_o(heads), weights
 
-    def source_kv(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def source_kv(
+        self, source: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values of ``source``, from the cache when it holds them for this source, unchanged,
         and the current weights; else computed and cached.
 
@@ -108,25 +134,44 @@ class CrossAttention(MultiHeadAttention):
             ``(keys, values)``, ``[batch, n_heads, src_len, d_head]`` each. The cache keeps ``source`` alive
             until :meth:`clear_cache`.
         """
-        state = (source._version, torch.is_grad_enabled(), *(p._version for p in self._source_parameters()))
+        state = (
+            source._version,
+            torch.is_grad_enabled(),
+            *(p._version for p in self._source_parameters()),
+        )
         cached = self._cached
-        if cached is not None and cached[0] is source and cached[1] == state:
+        if (
+            cached is not None
+            and cached[0] is source
+            and cached[1] == state
+        ):
             return cached[2], cached[3]
         k, v = self._project_source(source)
         self._cached = (source, state, k, v)
         return k, v
 
     def _source_parameters(self) -> list[torch.Tensor]:
-        return [*self.w_k.parameters(), *self.w_v.parameters()]  # an optimiser step changes their versions
+        # an optimiser step changes their versions
+        return [*self.w_k.parameters(), *self.w_v.parameters()]
 
     def clear_cache(self) -> None:
         """Forget the cached keys and values (at the end of a sentence, to free their memory)."""
         self._cached = None
 
-    def _project_source(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _project_source(
+        self, source: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, src_len, _ = source.shape
-        k = self.w_k(source).view(batch, src_len, self.n_heads, self.d_head).transpose(1, 2)
-        v = self.w_v(source).view(batch, src_len, self.n_heads, self.d_head).transpose(1, 2)
+        k = (
+            self.w_k(source)
+            .view(batch, src_len, self.n_heads, self.d_head)
+            .transpose(1, 2)
+        )
+        v = (
+            self.w_v(source)
+            .view(batch, src_len, self.n_heads, self.d_head)
+            .transpose(1, 2)
+        )
         return k, v
 
 
@@ -154,14 +199,23 @@ class DecoderLayer(nn.Module):
     Source: Vaswani et al. 2017, sections 3.1 and 3.3; PyTorch's ``nn.TransformerDecoderLayer``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, norm_first: bool = False, dropout: float = 0.0):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        norm_first: bool = False,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.cross_attn = CrossAttention(d_model, n_heads)
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
+        self.norm1, self.norm2, self.norm3 = (
+            nn.LayerNorm(d_model) for _ in range(3)
+        )
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -194,23 +248,35 @@ class DecoderLayer(nn.Module):
         """
         if self.norm_first:
             x = x + self._self_block(self.norm1(x), self_mask)
-            x = x + self._cross_block(self.norm2(x), memory, memory_mask, use_cache)
+            x = x + self._cross_block(
+                self.norm2(x), memory, memory_mask, use_cache
+            )
             return x + self._feed_forward(self.norm3(x))
         x = self.norm1(x + self._self_block(x, self_mask))
-        x = self.norm2(x + self._cross_block(x, memory, memory_mask, use_cache))
+        x = self.norm2(
+            x + self._cross_block(x, memory, memory_mask, use_cache)
+        )
         return self.norm3(x + self._feed_forward(x))
 
-    def _self_block(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _self_block(
+        self, x: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         return self.dropout(self.self_attn(x, x, x, mask)[0])
 
-    def _cross_block(self, x: torch.Tensor, memory: torch.Tensor, mask, use_cache: bool) -> torch.Tensor:
+    def _cross_block(
+        self, x: torch.Tensor, memory: torch.Tensor, mask, use_cache: bool
+    ) -> torch.Tensor:
         return self.dropout(self.cross_attn(x, memory, mask, use_cache)[0])
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x)))))
+        return self.dropout(
+            self.linear2(self.dropout(F.relu(self.linear1(x))))
+        )
 
 
-def load_torch_decoder_layer(layer: DecoderLayer, torch_layer: nn.TransformerDecoderLayer) -> DecoderLayer:
+def load_torch_decoder_layer(
+    layer: DecoderLayer, torch_layer: nn.TransformerDecoderLayer
+) -> DecoderLayer:
     """Copy the weights of ``nn.TransformerDecoderLayer`` into the course's :class:`DecoderLayer`.
 
     Args:
@@ -228,5 +294,7 @@ def load_torch_decoder_layer(layer: DecoderLayer, torch_layer: nn.TransformerDec
     layer.self_attn.load_torch_weights(torch_layer.self_attn)
     layer.cross_attn.load_torch_weights(torch_layer.multihead_attn)
     for name in ("linear1", "linear2", "norm1", "norm2", "norm3"):
-        getattr(layer, name).load_state_dict(getattr(torch_layer, name).state_dict())
+        getattr(layer, name).load_state_dict(
+            getattr(torch_layer, name).state_dict()
+        )
     return layer

@@ -32,7 +32,11 @@ def default_device() -> torch.device:
 
 #: what CUDA's sticky errors say when an older torch raises them as a plain ``RuntimeError`` (newer ones raise
 #: ``torch.AcceleratorError``): after one, every later CUDA call of the process fails
-_STICKY_ERRORS = ("CUDA error", "device-side assert triggered", "illegal memory access")
+_STICKY_ERRORS = (
+    "CUDA error",
+    "device-side assert triggered",
+    "illegal memory access",
+)
 
 
 def is_accelerator_fault(name: str, message: str) -> bool:
@@ -45,7 +49,9 @@ def is_accelerator_fault(name: str, message: str) -> bool:
     """
     if name == "AcceleratorError":
         return True
-    return name == "RuntimeError" and any(text in message for text in _STICKY_ERRORS)
+    return name == "RuntimeError" and any(
+        text in message for text in _STICKY_ERRORS
+    )
 
 
 def make_reproducible(threads: int = 1) -> None:
@@ -73,14 +79,17 @@ def make_reproducible(threads: int = 1) -> None:
     """
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
-    # read when cuBLAS is first initialised: set before any CUDA work of the process
+    # read when cuBLAS is first initialised: set before any
+    # CUDA work of the process
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
 
 
-def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+def seeded_generator(
+    seed: int, device: torch.device | str = "cpu"
+) -> torch.Generator:
     """A ``torch.Generator`` on ``device`` seeded with ``seed``, so that draws do not touch global state."""
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)

@@ -40,12 +40,17 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     pairing for ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)``.
     """
     if x.dim() != 4 or n_rep < 1:
-        raise ValueError(f"x must be [batch, n_kv_heads, len, d_head] and n_rep >= 1, got {list(x.shape)}")
+        raise ValueError(
+            "x must be [batch, n_kv_heads, len, d_head] and n_rep >= 1, "
+            f"got {list(x.shape)}"
+        )
     if n_rep == 1:
         return x
     batch, n_kv_heads, length, d_head = x.shape
-    x = x[:, :, None].expand(batch, n_kv_heads, n_rep, length, d_head)  # a view: nothing copied yet
-    return x.reshape(batch, n_kv_heads * n_rep, length, d_head)  # heads a, a, ..., b, b, ...
+    # a view: nothing copied yet
+    x = x[:, :, None].expand(batch, n_kv_heads, n_rep, length, d_head)
+    # heads a, a, ..., b, b, ...
+    return x.reshape(batch, n_kv_heads * n_rep, length, d_head)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -68,18 +73,34 @@ class GroupedQueryAttention(nn.Module):
     Source: Ainslie et al. 2023, section 2.2; Shazeer 2019, section 3 (multi-query attention).
     """
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool = True) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool = True
+    ) -> None:
         super().__init__()
-        if n_heads < 1 or d_model % n_heads or n_kv_heads < 1 or n_heads % n_kv_heads:
+        if (
+            n_heads < 1
+            or d_model % n_heads
+            or n_kv_heads < 1
+            or n_heads % n_kv_heads
+        ):
             raise ValueError(
-                f"need n_heads={n_heads} to divide d_model={d_model} and n_kv_heads={n_kv_heads} to divide "
+                f"need n_heads={n_heads} to divide d_model={d_model} and "
+                f"n_kv_heads={n_kv_heads} to divide "
                 "n_heads"
             )
-        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.d_model, self.n_heads, self.n_kv_heads = (
+            d_model,
+            n_heads,
+            n_kv_heads,
+        )
         self.d_head = d_model // n_heads
         self.q_proj = nn.Linear(d_model, n_heads * self.d_head, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
+        self.k_proj = nn.Linear(
+            d_model, n_kv_heads * self.d_head, bias=bias
+        )
+        self.v_proj = nn.Linear(
+            d_model, n_kv_heads * self.d_head, bias=bias
+        )
         self.o_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
 
     def forward(
@@ -109,28 +130,62 @@ class GroupedQueryAttention(nn.Module):
         """
         batch, q_len, _ = query.shape
         k_len = key.size(1)
-        q = self.q_proj(query).view(batch, q_len, self.n_heads, self.d_head).transpose(1, 2)
-        k = self.k_proj(key).view(batch, k_len, self.n_kv_heads, self.d_head).transpose(1, 2)
-        v = self.v_proj(value).view(batch, k_len, self.n_kv_heads, self.d_head).transpose(1, 2)
-        n_rep = self.n_heads // self.n_kv_heads  # query heads per key/value head
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # [batch, n_heads, k_len, d_head]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # [batch, n_heads, q_len, k_len]
+        q = (
+            self.q_proj(query)
+            .view(batch, q_len, self.n_heads, self.d_head)
+            .transpose(1, 2)
+        )
+        k = (
+            self.k_proj(key)
+            .view(batch, k_len, self.n_kv_heads, self.d_head)
+            .transpose(1, 2)
+        )
+        v = (
+            self.v_proj(value)
+            .view(batch, k_len, self.n_kv_heads, self.d_head)
+            .transpose(1, 2)
+        )
+        # query heads per key/value head
+        n_rep = self.n_heads // self.n_kv_heads
+        # [batch, n_heads, k_len, d_head]
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        # [batch, n_heads, q_len, k_len]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
         if mask is None:
             weights = torch.softmax(scores, dim=-1)
         else:
             if mask.dtype != torch.bool:
-                raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-            if mask.dim() == 3:  # [batch, q_len, k_len]: the same mask for every head
+                raise TypeError(
+                    "mask must be boolean (True = may attend), got "
+                    f"{mask.dtype}"
+                )
+            # [batch, q_len, k_len]: the same mask for every head
+            if mask.dim() == 3:
                 mask = mask.unsqueeze(1)
-            has_key = mask.any(dim=-1, keepdim=True)  # a row with no allowed key gets zero weights
-            scores = torch.where(mask & has_key, scores, float("-inf")).masked_fill(~has_key, 0.0)
-            weights = torch.where(has_key, torch.softmax(scores, dim=-1), 0.0)
-        heads = (weights @ v).transpose(1, 2).reshape(batch, q_len, self.n_heads * self.d_head)
-        return self.o_proj(heads), weights  # [batch, q_len, d_model], [batch, n_heads, q_len, k_len]
+            # a row with no allowed key gets zero weights
+            has_key = mask.any(dim=-1, keepdim=True)
+            scores = torch.where(
+                mask & has_key, scores, float("-inf")
+            ).masked_fill(~has_key, 0.0)
+            weights = torch.where(
+                has_key, torch.softmax(scores, dim=-1), 0.0
+            )
+        heads = (
+            (weights @ v)
+            .transpose(1, 2)
+            .reshape(batch, q_len, self.n_heads * self.d_head)
+        )
+        # [batch, q_len, d_model], [batch, n_heads, q_len, k_len]
+        return self.o_proj(heads), weights
 
 
 def kv_cache_bytes(
-    n_layers: int, n_kv_heads: int, d_head: int, seq_len: int, batch: int, dtype: torch.dtype
+    n_layers: int,
+    n_kv_heads: int,
+    d_head: int,
+    seq_len: int,
+    batch: int,
+    dtype: torch.dtype,
 ) -> int:
     """The bytes of the keys and values that a decoder caches, with every number stored in ``dtype``.
 
@@ -153,10 +208,20 @@ def kv_cache_bytes(
     sizes = (n_layers, n_kv_heads, d_head, seq_len, batch)
     if min(sizes) < 0:
         raise ValueError(f"sizes must be non-negative, got {sizes}")
-    return 2 * n_layers * n_kv_heads * d_head * seq_len * batch * dtype.itemsize
+    return (
+        2
+        * n_layers
+        * n_kv_heads
+        * d_head
+        * seq_len
+        * batch
+        * dtype.itemsize
+    )
 
 
-def gqa_from_mha(mha: nn.MultiheadAttention, n_kv_heads: int) -> GroupedQueryAttention:
+def gqa_from_mha(
+    mha: nn.MultiheadAttention, n_kv_heads: int
+) -> GroupedQueryAttention:
     """Convert a multi-head layer into grouped-query attention by mean-pooling key and value heads.
 
     Key/value head ``g`` of the result is the mean of the key (value) heads ``g r, ..., g r + r - 1`` of
@@ -180,16 +245,25 @@ def gqa_from_mha(mha: nn.MultiheadAttention, n_kv_heads: int) -> GroupedQueryAtt
     Source: Ainslie et al. 2023, section 2.1 ("mean pooling ... of the key and value heads").
     """
     if mha.in_proj_weight is None or mha.bias_k is not None:
-        raise ValueError("mha must use one in_proj_weight (no kdim/vdim) and no add_bias_kv")
+        raise ValueError(
+            "mha must use one in_proj_weight (no kdim/vdim) and no "
+            "add_bias_kv"
+        )
     d_model, n_heads = mha.embed_dim, mha.num_heads
     bias = mha.in_proj_bias is not None
     gqa = GroupedQueryAttention(d_model, n_heads, n_kv_heads, bias=bias)
-    gqa = gqa.to(device=mha.in_proj_weight.device, dtype=mha.in_proj_weight.dtype)
+    gqa = gqa.to(
+        device=mha.in_proj_weight.device, dtype=mha.in_proj_weight.dtype
+    )
     d_head, n_rep = d_model // n_heads, n_heads // n_kv_heads
 
-    def pooled(rows: torch.Tensor) -> torch.Tensor:  # [n_heads * d_head, ...] -> [n_kv_heads * d_head, ...]
-        grouped = rows.reshape(n_kv_heads, n_rep, d_head, *rows.shape[1:])  # heads g r .. g r + r - 1
-        return grouped.mean(dim=1).reshape(n_kv_heads * d_head, *rows.shape[1:])
+    # [n_heads * d_head, ...] -> [n_kv_heads * d_head, ...]
+    def pooled(rows: torch.Tensor) -> torch.Tensor:
+        # heads g r .. g r + r - 1
+        grouped = rows.reshape(n_kv_heads, n_rep, d_head, *rows.shape[1:])
+        return grouped.mean(dim=1).reshape(
+            n_kv_heads * d_head, *rows.shape[1:]
+        )
 
     w_q, w_k, w_v = mha.in_proj_weight.chunk(3)  # [d_model, d_model] each
     with torch.no_grad():

@@ -48,7 +48,9 @@ class KVCache:
         self.key_cache: list[torch.Tensor | None] = [None] * n_layers
         self.value_cache: list[torch.Tensor | None] = [None] * n_layers
 
-    def append(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(
+        self, layer: int, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the keys and values of new positions to ``layer``; return all that the layer holds.
 
         Args:
@@ -67,8 +69,12 @@ class KVCache:
         if self.key_cache[layer] is None:
             self.key_cache[layer], self.value_cache[layer] = key, value
         else:  # dim=2: the length axis of [batch, n_kv_heads, len, d_head]
-            self.key_cache[layer] = torch.cat([self.key_cache[layer], key], dim=2)
-            self.value_cache[layer] = torch.cat([self.value_cache[layer], value], dim=2)
+            self.key_cache[layer] = torch.cat(
+                [self.key_cache[layer], key], dim=2
+            )
+            self.value_cache[layer] = torch.cat(
+                [self.value_cache[layer], value], dim=2
+            )
         return self.key_cache[layer], self.value_cache[layer]
 
     def keys(self, layer: int) -> torch.Tensor | None:
@@ -93,12 +99,20 @@ class KVCache:
         self.value_cache = [None] * len(self.value_cache)
 
 
-def _projections(attention: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module, int]:
+def _projections(
+    attention: nn.Module,
+) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module, int]:
     """``(w_q, w_k, w_v, w_o, n_kv_heads)`` of chapter 5's grouped-query or chapter 4's multi-head module."""
     if isinstance(attention, GroupedQueryAttention):
         a = attention
         return a.q_proj, a.k_proj, a.v_proj, a.o_proj, a.n_kv_heads
-    return attention.w_q, attention.w_k, attention.w_v, attention.w_o, attention.n_heads
+    return (
+        attention.w_q,
+        attention.w_k,
+        attention.w_v,
+        attention.w_o,
+        attention.n_heads,
+    )
 
 
 class CachedGPT(TinyGPT):
@@ -136,14 +150,22 @@ class CachedGPT(TinyGPT):
         dropout: float = 0.0,
         n_kv_heads: int | None = None,
     ) -> None:
-        super().__init__(vocab_size, d_model, n_heads, n_layers, d_ff, max_len, dropout)
+        super().__init__(
+            vocab_size, d_model, n_heads, n_layers, d_ff, max_len, dropout
+        )
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if self.n_kv_heads < 1 or n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={n_heads}")
+            raise ValueError(
+                f"n_kv_heads={self.n_kv_heads} must divide "
+                f"n_heads={n_heads}"
+            )
         if self.n_kv_heads != n_heads:
             for block in self.blocks:
-                block.self_attn = GroupedQueryAttention(d_model, n_heads, self.n_kv_heads)
-                for name, parameter in block.self_attn.named_parameters():  # GPT-2's initialisation again
+                block.self_attn = GroupedQueryAttention(
+                    d_model, n_heads, self.n_kv_heads
+                )
+                # GPT-2's initialisation again
+                for name, parameter in block.self_attn.named_parameters():
                     if name.endswith("bias"):
                         nn.init.zeros_(parameter)
                     else:
@@ -182,37 +204,69 @@ class CachedGPT(TinyGPT):
         q_len = tokens.size(1)
         past = cache.length if cache is not None else 0
         if positions is None:
-            positions = torch.arange(past, past + q_len, device=tokens.device)  # [q_len]
+            positions = torch.arange(
+                past, past + q_len, device=tokens.device
+            )  # [q_len]
         if mask is None:
-            mask = causal_mask(q_len, past + q_len, device=tokens.device)  # [1, 1, q_len, k_len]
+            # [1, 1, q_len, k_len]
+            mask = causal_mask(q_len, past + q_len, device=tokens.device)
         if positions.numel() and int(positions.max()) >= self.max_len:
-            raise ValueError(f"position {int(positions.max())} is beyond max_len={self.max_len}")
-        x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
-        for layer, block in enumerate(self.blocks):  # pre-LN blocks, as TransformerBlock with norm_first=True
-            x = x + block.dropout(self._attention(block.self_attn, block.norm1(x), mask, cache, layer))
+            raise ValueError(
+                f"position {int(positions.max())} is beyond "
+                f"max_len={self.max_len}"
+            )
+        x = self.dropout(
+            self.token_embedding(tokens)
+            + self.position_embedding(positions)
+        )
+        # pre-LN blocks, as TransformerBlock with norm_first=True
+        for layer, block in enumerate(self.blocks):
+            x = x + block.dropout(
+                self._attention(
+                    block.self_attn, block.norm1(x), mask, cache, layer
+                )
+            )
             x = x + block._feed_forward(block.norm2(x))
         return self.lm_head(self.norm(x))  # [batch, q_len, vocab_size]
 
     @staticmethod
     def _attention(
-        attention: nn.Module, x: torch.Tensor, mask: torch.Tensor, cache: KVCache | None, layer: int
+        attention: nn.Module,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None,
+        layer: int,
     ) -> torch.Tensor:
         w_q, w_k, w_v, w_o, n_kv_heads = _projections(attention)
-        (batch, q_len, _), n_heads, d_head = x.shape, attention.n_heads, attention.d_head
-        q = w_q(x).view(batch, q_len, n_heads, d_head).transpose(1, 2)  # [batch, n_heads, q_len, d_head]
+        (batch, q_len, _), n_heads, d_head = (
+            x.shape,
+            attention.n_heads,
+            attention.d_head,
+        )
+        # [batch, n_heads, q_len, d_head]
+        q = w_q(x).view(batch, q_len, n_heads, d_head).transpose(1, 2)
         kv_shape = (batch, q_len, n_kv_heads, d_head)
-        k = w_k(x).view(kv_shape).transpose(1, 2)  # [batch, n_kv_heads, q_len, d_head]
+        # [batch, n_kv_heads, q_len, d_head]
+        k = w_k(x).view(kv_shape).transpose(1, 2)
         v = w_v(x).view(kv_shape).transpose(1, 2)
         if cache is not None:
-            k, v = cache.append(layer, k, v)  # [batch, n_kv_heads, k_len, d_head]: every position so far
+            # [batch, n_kv_heads, k_len, d_head]: every position so far
+            k, v = cache.append(layer, k, v)
         n_rep = n_heads // n_kv_heads
-        heads, _ = masked_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)
-        return w_o(heads.transpose(1, 2).reshape(batch, q_len, n_heads * d_head))  # [batch, q_len, d_model]
+        heads, _ = masked_attention(
+            q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask
+        )
+        return w_o(
+            heads.transpose(1, 2).reshape(batch, q_len, n_heads * d_head)
+        )  # [batch, q_len, d_model]
 
 
 @torch.no_grad()
 def generate(
-    model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, use_cache: bool = True
+    model: nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    use_cache: bool = True,
 ) -> torch.Tensor:
     """Greedy decoding, with or without a KV cache: both give the same tokens.
 
@@ -243,7 +297,9 @@ def generate(
     Face ``transformers``' ``generate(use_cache=True)``.
     """
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}")
+        raise ValueError(
+            f"max_new_tokens must be at least 0, got {max_new_tokens}"
+        )
     cache = KVCache(model.n_layers) if use_cache else None
     tokens, new = prompt, prompt  # new: what the model has not seen yet
     for _ in range(max_new_tokens):
@@ -251,9 +307,13 @@ def generate(
             new = tokens  # recompute everything
         past = cache.length if cache is not None else 0
         q_len, k_len = new.size(1), past + new.size(1)
-        positions = torch.arange(past, k_len, device=prompt.device)  # [q_len], continuing the cache
-        # bottom-right: new query i sits at position past + i and may attend keys 0 .. past + i
-        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=prompt.device).tril(diagonal=past)
+        # [q_len], continuing the cache
+        positions = torch.arange(past, k_len, device=prompt.device)
+        # bottom-right: new query i sits at position past + i and may
+        # attend keys 0 .. past + i
+        mask = torch.ones(
+            q_len, k_len, dtype=torch.bool, device=prompt.device
+        ).tril(diagonal=past)
         logits = model(new, positions, mask, cache)  # [batch, q_len, vocab]
         new = logits[:, -1].argmax(dim=-1, keepdim=True)  # [batch, 1]
         tokens = torch.cat([tokens, new], dim=1)
@@ -307,7 +367,10 @@ class PagedKVCache:
         device: torch.device | str | None = None,
     ) -> None:
         if min(block_size, n_blocks, n_kv_heads, d_head) < 1:
-            raise ValueError(f"sizes must be at least 1, got {block_size, n_blocks, n_kv_heads, d_head}")
+            raise ValueError(
+                "sizes must be at least 1, got "
+                f"{block_size, n_blocks, n_kv_heads, d_head}"
+            )
         self.block_size = block_size
         shape = (n_blocks, n_kv_heads, block_size, d_head)
         self.key_blocks = torch.zeros(shape, dtype=dtype, device=device)
@@ -317,7 +380,9 @@ class PagedKVCache:
         self.ref_counts = [0] * n_blocks
         self.free_blocks = list(range(n_blocks))
 
-    def append(self, seq_id: int, key: torch.Tensor, value: torch.Tensor) -> None:
+    def append(
+        self, seq_id: int, key: torch.Tensor, value: torch.Tensor
+    ) -> None:
         """Store the keys and values of new positions of sequence ``seq_id`` (a new id starts a sequence).
 
         Args:
@@ -328,14 +393,24 @@ class PagedKVCache:
         Raises:
             RuntimeError: if too few blocks are free; the cache is then left unchanged.
         """
-        length, table = self.lengths.get(seq_id, 0), list(self.block_tables.get(seq_id, []))
+        length, table = (
+            self.lengths.get(seq_id, 0),
+            list(self.block_tables.get(seq_id, [])),
+        )
         end = length + key.size(1)
-        needed = -(-end // self.block_size) - len(table)  # ceil(end / block_size) blocks in all
-        # a partly filled last block that another sequence holds too must be copied before the write
-        copy = end > length and length % self.block_size != 0 and self.ref_counts[table[-1]] > 1
+        # ceil(end / block_size) blocks in all
+        needed = -(-end // self.block_size) - len(table)
+        # a partly filled last block that another sequence holds too must be
+        # copied before the write
+        copy = (
+            end > length
+            and length % self.block_size != 0
+            and self.ref_counts[table[-1]] > 1
+        )
         if needed + copy > len(self.free_blocks):
             raise RuntimeError(
-                f"out of blocks: sequence {seq_id} needs {needed + copy}, {len(self.free_blocks)} are free"
+                f"out of blocks: sequence {seq_id} needs {needed + copy}, "
+                f"{len(self.free_blocks)} are free"
             )
         if copy:
             shared, block = table[-1], self.free_blocks.pop(0)
@@ -349,7 +424,10 @@ class PagedKVCache:
             table.append(block)
         for i in range(key.size(1)):
             position = length + i
-            block, slot = table[position // self.block_size], position % self.block_size
+            block, slot = (
+                table[position // self.block_size],
+                position % self.block_size,
+            )
             self.key_blocks[block, :, slot] = key[:, i]
             self.value_blocks[block, :, slot] = value[:, i]
         self.block_tables[seq_id], self.lengths[seq_id] = table, end
@@ -366,7 +444,10 @@ class PagedKVCache:
         table = self.block_tables[parent]
         for block in table:
             self.ref_counts[block] += 1
-        self.block_tables[child], self.lengths[child] = list(table), self.lengths[parent]
+        self.block_tables[child], self.lengths[child] = (
+            list(table),
+            self.lengths[parent],
+        )
 
     def free(self, seq_id: int) -> None:
         """Forget sequence ``seq_id``; its blocks that no other sequence holds become free.
@@ -386,11 +467,20 @@ class PagedKVCache:
         Raises:
             KeyError: if there is no such sequence.
         """
-        table = torch.tensor(self.block_tables[seq_id], dtype=torch.long, device=self.key_blocks.device)
-        n_kv_heads, d_head = self.key_blocks.size(1), self.key_blocks.size(3)
+        table = torch.tensor(
+            self.block_tables[seq_id],
+            dtype=torch.long,
+            device=self.key_blocks.device,
+        )
+        n_kv_heads, d_head = (
+            self.key_blocks.size(1),
+            self.key_blocks.size(3),
+        )
         gathered = []
         for blocks in (self.key_blocks, self.value_blocks):
-            picked = blocks[table].transpose(0, 1)  # [n_kv_heads, n_used, block_size, d_head]
-            flat = picked.reshape(n_kv_heads, -1, d_head)  # [n_kv_heads, n_used * block_size, d_head]
+            # [n_kv_heads, n_used, block_size, d_head]
+            picked = blocks[table].transpose(0, 1)
+            # [n_kv_heads, n_used * block_size, d_head]
+            flat = picked.reshape(n_kv_heads, -1, d_head)
             gathered.append(flat[:, : self.lengths[seq_id]])
         return gathered[0], gathered[1]

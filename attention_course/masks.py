@@ -30,12 +30,16 @@ def padding_mask(tokens: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
     Source: Vaswani et al. 2017 pad their batches; the shape is the one SDPA broadcasts.
     """
     if tokens.dim() != 2:
-        raise ValueError(f"tokens must be [batch, len], got shape {list(tokens.shape)}")
+        raise ValueError(
+            f"tokens must be [batch, len], got shape {list(tokens.shape)}"
+        )
     return (tokens != pad_id)[:, None, None, :]  # [batch, 1, 1, len]
 
 
 def causal_mask(
-    q_len: int, k_len: int | None = None, device: torch.device | str | None = None
+    q_len: int,
+    k_len: int | None = None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Causal mask aligned bottom-right: query ``i`` may attend key ``j`` when ``j <= i + (k_len - q_len)``.
 
@@ -60,10 +64,15 @@ def causal_mask(
     """
     k_len = q_len if k_len is None else k_len
     if q_len < 1 or k_len < 1:
-        raise ValueError(f"q_len and k_len must be at least 1, got {q_len} and {k_len}")
-    query_position = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)  # [q_len, 1]
+        raise ValueError(
+            f"q_len and k_len must be at least 1, got {q_len} and {k_len}"
+        )
+    query_position = torch.arange(q_len, device=device)[:, None] + (
+        k_len - q_len
+    )  # [q_len, 1]
     key_position = torch.arange(k_len, device=device)[None, :]  # [1, k_len]
-    return (key_position <= query_position)[None, None]  # [1, 1, q_len, k_len]
+    # [1, 1, q_len, k_len]
+    return (key_position <= query_position)[None, None]
 
 
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
@@ -88,7 +97,10 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
         if mask is None:
             continue
         if mask.dtype != torch.bool:
-            raise TypeError(f"masks must be boolean (True = may attend), got {mask.dtype}")
+            raise TypeError(
+                "masks must be boolean (True = may attend), got "
+                f"{mask.dtype}"
+            )
         combined = mask if combined is None else combined & mask
     return combined
 
@@ -121,14 +133,20 @@ def masked_attention(
     masked rows (zeros on the math backend, other values on cuDNN), so the course fixes a rule.
     """
     if mask is not None and mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # [..., q_len, k_len]
+        raise TypeError(
+            f"mask must be boolean (True = may attend), got {mask.dtype}"
+        )
+    # [..., q_len, k_len]
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
     if mask is None:
         weights = torch.softmax(scores, dim=-1)
         return weights @ value, weights
-    has_key = mask.any(dim=-1, keepdim=True)  # [..., q_len, 1]: does the row allow any key?
+    # [..., q_len, 1]: does the row allow any key?
+    has_key = mask.any(dim=-1, keepdim=True)
     scores = torch.where(mask, scores, float("-inf"))
-    # rows with no allowed key: give them finite scores so that softmax makes no NaN, then zero them
+    # rows with no allowed key: give them finite scores so that softmax
+    # makes no NaN, then zero them
     scores = torch.where(has_key, scores, 0.0)
     weights = torch.where(has_key, torch.softmax(scores, dim=-1), 0.0)
-    return weights @ value, weights  # [..., q_len, d_v], [..., q_len, k_len]
+    # [..., q_len, d_v], [..., q_len, k_len]
+    return weights @ value, weights

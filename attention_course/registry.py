@@ -45,15 +45,22 @@ class Assignment:
     @property
     def library(self) -> str:
         """The library module that the reference module re-exports (it holds the same answers)."""
-        return "attention_course." + self.reference.removeprefix(SOURCE_DIRECTORY + ".")
+        return "attention_course." + self.reference.removeprefix(
+            SOURCE_DIRECTORY + "."
+        )
 
     def behaviours(self) -> tuple[Any, ...]:
         """The behaviours of the test cells: those the checks module defines, in the order it defines them,
         which is the notebook's order (imports the checks module, and torch)."""
-        from attention_course.checks.engine import Behaviour  # the engine imports this module
+        # the engine imports this module
+        from attention_course.checks.engine import Behaviour
 
         found = vars(importlib.import_module(self.checks)).values()
-        return tuple(b for b in found if isinstance(b, Behaviour) and b.module == self.checks)
+        return tuple(
+            b
+            for b in found
+            if isinstance(b, Behaviour) and b.module == self.checks
+        )
 
     def source(self, root: Path) -> Path:
         """The nbgrader source notebook (solution regions and hidden tests)."""
@@ -87,7 +94,8 @@ ASSIGNMENTS: dict[str, Assignment] = {
             reference="solutions.masks",
             checks="attention_course.checks.ex03",
             bank="tests.banks.ex03",
-            # tensors on the meta device use PyTorch's Python references, which import torch._dynamo (2 s)
+            # tensors on the meta device use PyTorch's Python references,
+            # which import torch._dynamo (2 s)
             preload=("torch._dynamo",),
         ),
         Assignment(
@@ -152,12 +160,19 @@ ASSIGNMENTS: dict[str, Assignment] = {
 
 def answer_modules() -> tuple[str, ...]:
     """The modules that hold answers: the reference solutions, and the library modules they re-export."""
-    return (SOURCE_DIRECTORY, *sorted({assignment.library for assignment in ASSIGNMENTS.values()}))
+    return (
+        SOURCE_DIRECTORY,
+        *sorted(
+            {assignment.library for assignment in ASSIGNMENTS.values()}
+        ),
+    )
 
 
 def reference_modules() -> tuple[str, ...]:
     """The reference modules of every assignment."""
-    return tuple(assignment.reference for assignment in ASSIGNMENTS.values())
+    return tuple(
+        assignment.reference for assignment in ASSIGNMENTS.values()
+    )
 
 
 def assignment_of(checks_module: str) -> Assignment:
@@ -184,7 +199,8 @@ def reference_function(checks_module: str, function: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ImportError(
-            f"the hidden part of a check compares with the reference solutions ({module_name}), which only "
+            "the hidden part of a check compares with the reference "
+            f"solutions ({module_name}), which only "
             "graders have; the visible part runs without them"
         ) from error
     return getattr(module, function)
@@ -204,8 +220,11 @@ def course_root(start: Path | None = None) -> Path:
     if start is None:
         candidates.append(Path(__file__).resolve().parents[1])
     for folder in candidates:
-        if (folder / "nbgrader_config.py").is_file() and (folder / SOURCE_DIRECTORY).is_dir():
+        if (folder / "nbgrader_config.py").is_file() and (
+            folder / SOURCE_DIRECTORY
+        ).is_dir():
             return folder
     raise FileNotFoundError(
-        f"no course directory (nbgrader_config.py and {SOURCE_DIRECTORY}/) at {here} or above"
+        f"no course directory (nbgrader_config.py and {SOURCE_DIRECTORY}/) "
+        f"at {here} or above"
     )

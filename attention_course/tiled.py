@@ -60,12 +60,15 @@ def online_softmax_merge(
     "FlashAttention", section 3.1 (the output rescaled the same way).
     """
     new_max = torch.maximum(max_a, max_b)  # [..., q_len]
-    # where neither state has seen a key the max is -inf, and exp(-inf - (-inf)) would be NaN: shift by 0
-    # there instead, so that both scales are exp(-inf) = 0
+    # where neither state has seen a key the max is -inf, and
+    # exp(-inf - (-inf)) would be NaN: shift by 0 there instead, so
+    # that both scales are exp(-inf) = 0
     shift = new_max.masked_fill(new_max == -math.inf, 0.0)
-    scale_a, scale_b = torch.exp(max_a - shift), torch.exp(max_b - shift)  # [..., q_len], each at most 1
+    # [..., q_len], each at most 1
+    scale_a, scale_b = torch.exp(max_a - shift), torch.exp(max_b - shift)
     new_sum = scale_a * sum_a + scale_b * sum_b
-    new_out = scale_a.unsqueeze(-1) * out_a + scale_b.unsqueeze(-1) * out_b  # [..., q_len, d_v]
+    # [..., q_len, d_v]
+    new_out = scale_a.unsqueeze(-1) * out_a + scale_b.unsqueeze(-1) * out_b
     return new_max, new_sum, new_out
 
 
@@ -111,40 +114,68 @@ def tiled_attention(
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
     if query.size(-1) != key.size(-1):
-        raise ValueError(f"query and key must share d_k, got {query.size(-1)} and {key.size(-1)}")
+        raise ValueError(
+            f"query and key must share d_k, got {query.size(-1)} and "
+            f"{key.size(-1)}"
+        )
     if key.size(-2) != value.size(-2):
-        raise ValueError(f"key and value must share k_len, got {key.size(-2)} and {value.size(-2)}")
+        raise ValueError(
+            f"key and value must share k_len, got {key.size(-2)} and "
+            f"{value.size(-2)}"
+        )
     if mask is not None and mask.dtype != torch.bool:
-        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+        raise TypeError(
+            f"mask must be boolean (True = may attend), got {mask.dtype}"
+        )
     if query.dtype in (torch.float16, torch.bfloat16):
-        # half precision: compute in float32 and round once (see above); float32 and float64 run below
-        return tiled_attention(query.float(), key.float(), value.float(), block_size, mask).to(query.dtype)
+        # half precision: compute in float32 and round once (see above);
+        # float32 and float64 run below
+        return tiled_attention(
+            query.float(), key.float(), value.float(), block_size, mask
+        ).to(query.dtype)
     k_len, q_len, d_v = key.size(-2), query.size(-2), value.size(-1)
     if mask is not None:
-        mask = mask.expand(*mask.shape[:-1], k_len)  # a view: a mask of one column broadcasts over the keys
+        # a view: a mask of one column broadcasts over the keys
+        mask = mask.expand(*mask.shape[:-1], k_len)
     lead = query.shape[:-2]
     like = {"dtype": query.dtype, "device": query.device}
-    # the state over no key: max -inf, sum 0, output 0 (online_softmax_merge's identity)
+    # the state over no key: max -inf, sum 0, output 0
+    # (online_softmax_merge's identity)
     state = (
-        torch.full((*lead, q_len), -math.inf, **like),  # running max [..., q_len]
+        # running max [..., q_len]
+        torch.full((*lead, q_len), -math.inf, **like),
         torch.zeros(*lead, q_len, **like),  # running sum [..., q_len]
-        torch.zeros(*lead, q_len, d_v, **like),  # unnormalised output [..., q_len, d_v]
+        # unnormalised output [..., q_len, d_v]
+        torch.zeros(*lead, q_len, d_v, **like),
     )
-    # Vaswani et al. 2017, footnote 4: q . k has variance d_k, so divide by sqrt(d_k)
+    # Vaswani et al. 2017, footnote 4: q . k has variance d_k,
+    # so divide by sqrt(d_k)
     scale = 1.0 / math.sqrt(query.size(-1))
-    for start in range(0, k_len, block_size):  # the last block may be shorter than block_size
+    # the last block may be shorter than block_size
+    for start in range(0, k_len, block_size):
         stop = min(start + block_size, k_len)
-        scores = query @ key[..., start:stop, :].transpose(-2, -1) * scale  # [..., q_len, block]
+        # [..., q_len, block]
+        scores = query @ key[..., start:stop, :].transpose(-2, -1) * scale
         if mask is not None:
-            scores = scores.masked_fill(~mask[..., start:stop], -math.inf)  # exp(-inf) = 0: no weight
-        block_max = scores.amax(dim=-1)  # [..., q_len]; -inf where the block allows the query no key
-        shift = block_max.masked_fill(block_max == -math.inf, 0.0)  # no NaN from -inf - (-inf)
-        weights = torch.exp(scores - shift.unsqueeze(-1))  # unnormalised, [..., q_len, block]
-        block = (block_max, weights.sum(dim=-1), weights @ value[..., start:stop, :])
+            # exp(-inf) = 0: no weight
+            scores = scores.masked_fill(~mask[..., start:stop], -math.inf)
+        # [..., q_len]; -inf where the block allows the query no key
+        block_max = scores.amax(dim=-1)
+        # no NaN from -inf - (-inf)
+        shift = block_max.masked_fill(block_max == -math.inf, 0.0)
+        # unnormalised, [..., q_len, block]
+        weights = torch.exp(scores - shift.unsqueeze(-1))
+        block = (
+            block_max,
+            weights.sum(dim=-1),
+            weights @ value[..., start:stop, :],
+        )
         state = online_softmax_merge(*state, *block)
     _, total, output = state
-    # divide once, at the end; a query that saw no key has sum 0 and output 0, and keeps output 0
-    return output / torch.where(total > 0, total, 1.0).unsqueeze(-1)  # [..., q_len, d_v]
+    # divide once, at the end; a query that saw no key has sum 0 and
+    # output 0, and keeps output 0
+    # [..., q_len, d_v]
+    return output / torch.where(total > 0, total, 1.0).unsqueeze(-1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,9 +219,14 @@ def flash_attention_traffic(n: int, d: int, sram: int) -> Traffic:
         ValueError: unless ``d <= sram <= n * d``, the range of Theorem 2.
     """
     if not d <= sram <= n * d:
-        raise ValueError(f"Theorem 2 takes d <= M <= n d, got d={d}, M={sram}, n d={n * d}")
+        raise ValueError(
+            f"Theorem 2 takes d <= M <= n d, got d={d}, M={sram}, n "
+            f"d={n * d}"
+        )
     key_block = math.ceil(sram / (4 * d))  # B_c
     key_blocks = math.ceil(n / key_block)  # T_c
-    reads = 2 * n * d + key_blocks * (2 * n * d + 2 * n)  # K and V once; Q, O, l, m for every key block
-    writes = n * d + 2 * n + key_blocks * (n * d + 2 * n)  # O, l, m initialised; written back per key block
+    # K and V once; Q, O, l, m for every key block
+    reads = 2 * n * d + key_blocks * (2 * n * d + 2 * n)
+    # O, l, m initialised; written back per key block
+    writes = n * d + 2 * n + key_blocks * (n * d + 2 * n)
     return Traffic(reads, writes)

@@ -60,9 +60,12 @@ class TransformerBlock(nn.Module):
     ) -> None:
         super().__init__()
         if activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+            raise ValueError(
+                f"activation must be 'relu' or 'gelu', got {activation!r}"
+            )
         self.norm_first = norm_first
-        self.activation = F.gelu if activation == "gelu" else F.relu  # GELU: the exact one, not tanh's
+        # GELU: the exact one, not tanh's
+        self.activation = F.gelu if activation == "gelu" else F.relu
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
@@ -70,7 +73,9 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Apply the block.
 
         Args:
@@ -87,11 +92,14 @@ class TransformerBlock(nn.Module):
         x = self.norm1(x + self._attention(x, mask))
         return self.norm2(x + self._feed_forward(x))
 
-    def _attention(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _attention(
+        self, x: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         return self.dropout(self.self_attn(x, x, x, mask)[0])
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.dropout(self.activation(self.linear1(x)))  # [batch, len, d_ff]
+        # [batch, len, d_ff]
+        hidden = self.dropout(self.activation(self.linear1(x)))
         return self.dropout(self.linear2(hidden))
 
 
@@ -103,7 +111,14 @@ def block_parameter_count(d_model: int, d_ff: int) -> int:
 
     Source: Vaswani et al. 2017, sections 3.2.2 and 3.3.
     """
-    return 4 * d_model * d_model + 4 * d_model + 2 * d_model * d_ff + d_ff + d_model + 4 * d_model
+    return (
+        4 * d_model * d_model
+        + 4 * d_model
+        + 2 * d_model * d_ff
+        + d_ff
+        + d_model
+        + 4 * d_model
+    )
 
 
 def load_torch_encoder_layer(
@@ -125,15 +140,20 @@ def load_torch_encoder_layer(
     """
     if block.linear1.weight.shape != torch_layer.linear1.weight.shape:
         raise ValueError(
-            f"the feed-forward widths differ: {list(block.linear1.weight.shape)} and "
+            "the feed-forward widths differ: "
+            f"{list(block.linear1.weight.shape)} and "
             f"{list(torch_layer.linear1.weight.shape)}"
         )
     theirs = getattr(torch_layer, "activation", F.relu)
-    if (block.activation is F.gelu) != (theirs is F.gelu or isinstance(theirs, nn.GELU)):
+    if (block.activation is F.gelu) != (
+        theirs is F.gelu or isinstance(theirs, nn.GELU)
+    ):
         raise ValueError("the activations differ (relu and gelu)")
     block.self_attn.load_torch_weights(torch_layer.self_attn)
     for name in ("linear1", "linear2", "norm1", "norm2"):
-        getattr(block, name).load_state_dict(getattr(torch_layer, name).state_dict())
+        getattr(block, name).load_state_dict(
+            getattr(torch_layer, name).state_dict()
+        )
     return block
 
 
@@ -170,13 +190,22 @@ class TinyGPT(nn.Module):
         self.position_embedding = nn.Embedding(max_len, d_model)
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(d_model, n_heads, d_ff, norm_first=True, dropout=dropout, activation="gelu")
+            TransformerBlock(
+                d_model,
+                n_heads,
+                d_ff,
+                norm_first=True,
+                dropout=dropout,
+                activation="gelu",
+            )
             for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        self.lm_head.weight = self.token_embedding.weight  # tied, as in GPT-2 (Press and Wolf 2017)
-        # GPT-2's N(0, 0.02) and zero biases, without its 1/sqrt(2 n_layers) scaling of residual projections
+        # tied, as in GPT-2 (Press and Wolf 2017)
+        self.lm_head.weight = self.token_embedding.weight
+        # GPT-2's N(0, 0.02) and zero biases, without its 1/sqrt(2 n_layers)
+        # scaling of residual projections
         for name, parameter in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(parameter)
@@ -197,9 +226,15 @@ class TinyGPT(nn.Module):
         """
         length = tokens.size(1)
         if length > self.max_len:
-            raise ValueError(f"the sequence has {length} tokens, more than max_len={self.max_len}")
+            raise ValueError(
+                f"the sequence has {length} tokens, more than "
+                f"max_len={self.max_len}"
+            )
         positions = torch.arange(length, device=tokens.device)
-        x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
+        x = self.dropout(
+            self.token_embedding(tokens)
+            + self.position_embedding(positions)
+        )
         causal = torch.ones(
             length, length, dtype=torch.bool, device=tokens.device
         ).tril()  # True = may attend
@@ -226,12 +261,15 @@ def load_gpt2_weights(model: TinyGPT, gpt2: nn.Module) -> TinyGPT:
     body = gpt2.transformer
     with torch.no_grad():
         model.token_embedding.weight.copy_(body.wte.weight)
-        model.position_embedding.weight.copy_(body.wpe.weight[: model.max_len])
+        model.position_embedding.weight.copy_(
+            body.wpe.weight[: model.max_len]
+        )
         for block, layer in zip(model.blocks, body.h, strict=True):
             attention = block.self_attn
             for projection, weight, bias in zip(
                 (attention.w_q, attention.w_k, attention.w_v),
-                layer.attn.c_attn.weight.T.chunk(3),  # [3 d_model, d_model]: rows of W_q, W_k, W_v
+                # [3 d_model, d_model]: rows of W_q, W_k, W_v
+                layer.attn.c_attn.weight.T.chunk(3),
                 layer.attn.c_attn.bias.chunk(3),
                 strict=True,
             ):
@@ -287,26 +325,35 @@ def generate(
     Source: Holtzman et al. 2020 ("The Curious Case of Neural Text Degeneration", on temperature and top-k);
     Fan et al. 2018 (top-k sampling).
     """
-    if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 0:
+    if (
+        temperature < 0
+        or (top_k is not None and top_k < 1)
+        or max_new_tokens < 0
+    ):
         raise ValueError(
-            f"need temperature >= 0, top_k >= 1 and max_new_tokens >= 0, got {temperature}, {top_k}, "
+            "need temperature >= 0, top_k >= 1 and max_new_tokens >= 0, "
+            f"got {temperature}, {top_k}, "
             f"{max_new_tokens}"
         )
     tokens = prompt
     window = getattr(model, "max_len", None)
     for _ in range(max_new_tokens):
         context = tokens if window is None else tokens[:, -window:]
-        logits = model(context)[:, -1, :]  # [batch, vocab]: the next token's logits
+        # [batch, vocab]: the next token's logits
+        logits = model(context)[:, -1, :]
         if temperature == 0:
             next_token = logits.argmax(dim=-1, keepdim=True)  # [batch, 1]
         else:
             logits = logits / temperature
             if top_k is not None and top_k < logits.size(-1):
-                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [batch, 1], the k-th largest
+                # [batch, 1], the k-th largest
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             probabilities = torch.softmax(logits.float(), dim=-1)
             if generator is not None:
                 probabilities = probabilities.to(generator.device)
-            next_token = torch.multinomial(probabilities, 1, generator=generator).to(tokens.device)
+            next_token = torch.multinomial(
+                probabilities, 1, generator=generator
+            ).to(tokens.device)
         tokens = torch.cat([tokens, next_token], dim=1)
     return tokens

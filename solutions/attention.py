@@ -12,11 +12,18 @@ import torch
 
 from attention_course.attention import scaled_dot_product_attention, softmax
 
-__all__ = ["dot_product_variance", "scaled_dot_product_attention", "softmax"]
+__all__ = [
+    "dot_product_variance",
+    "scaled_dot_product_attention",
+    "softmax",
+]
 
 
 def dot_product_variance(
-    d_k: int, n_samples: int, scaled: bool = False, generator: torch.Generator | None = None
+    d_k: int,
+    n_samples: int,
+    scaled: bool = False,
+    generator: torch.Generator | None = None,
 ) -> float:
     """Monte-Carlo estimate of ``Var(q . k)``, or of ``Var(q . k / sqrt(d_k))`` when ``scaled``.
 
@@ -40,11 +47,27 @@ def dot_product_variance(
     Source: Vaswani et al. 2017, footnote 4.
     """
     if d_k < 1 or n_samples < 2:
-        raise ValueError(f"need d_k >= 1 and n_samples >= 2, got d_k={d_k}, n_samples={n_samples}")
+        raise ValueError(
+            f"need d_k >= 1 and n_samples >= 2, got d_k={d_k}, n_samples={n_samples}"
+        )
     device = generator.device if generator is not None else None
-    query = torch.randn(n_samples, d_k, generator=generator, device=device, dtype=torch.float64)
-    key = torch.randn(n_samples, d_k, generator=generator, device=device, dtype=torch.float64)
-    dots = (query * key).sum(dim=-1)  # [n_samples]: one dot product per pair
+    query = torch.randn(
+        n_samples,
+        d_k,
+        generator=generator,
+        device=device,
+        dtype=torch.float64,
+    )
+    key = torch.randn(
+        n_samples,
+        d_k,
+        generator=generator,
+        device=device,
+        dtype=torch.float64,
+    )
+    dots = (query * key).sum(
+        dim=-1
+    )  # [n_samples]: one dot product per pair
     if scaled:
         dots = dots / math.sqrt(d_k)
     return dots.var().item()

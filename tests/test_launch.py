@@ -45,16 +45,22 @@ EXERCISES = sorted((ROOT / "exercises").glob("*/*.ipynb"))
 
 # The first code cell of every notebook that a launch button opens (chapters and exercises alike).
 SETUP_CELL = f"""\
-# Colab and Binder: install the course library where it is missing (nothing happens where it is installed).
+# Colab and Binder: install the course library where it is missing
+# (nothing happens where it is installed).
 import importlib
 import importlib.util
 import subprocess
 import sys
 
 if importlib.util.find_spec("attention_course") is None:
-    course = "attention-course @ git+{REPOSITORY}@{BRANCH}"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", course], check=True)
-    importlib.invalidate_caches()  # let this running kernel see the new package"""
+    repository = "{REPOSITORY}"
+    course = f"attention-course @ git+{{repository}}@{BRANCH}"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", course],
+        check=True,
+    )
+    # let this running kernel see the new package
+    importlib.invalidate_caches()"""
 
 
 def first_code_cell(notebook: nbformat.NotebookNode) -> str:
@@ -155,7 +161,8 @@ def test_myst_becomes_plain_markdown(book: plain_markdown.Book):
     folded = "<details>\n<summary><b>The course library's functions</b></summary>\n\n```python\n"
     assert f"{folded}k_len = q_len if k_len is None else k_len\n" in plain  # the lines the book shows
     assert "\n    return (key_position <= query_position)[None, None]" not in plain  # dedented
-    assert "[None, None]  # [1, 1, q_len, k_len]\n```\n\n</details>" in plain
+    last_lines = "# [1, 1, q_len, k_len]\nreturn (key_position <= query_position)[None, None]\n"
+    assert f"{last_lines}```\n\n</details>" in plain  # the comment above the line, as ruff at 76 wants
     assert f"> **A tempting mistake**\n>\n> It is tempting to write [Notation]({site}notation.html" in plain
     assert plain.endswith('```python\ntext = "{cite}`kept` in code"\n```')
     assert "comment" not in plain and "(ch-example)=" not in plain
