@@ -31,7 +31,7 @@ from typing import Any
 
 import nbformat
 
-from attention_course.registry import ASSIGNMENTS, Assignment, course_root
+from attention_course.registry import ASSIGNMENTS, SOURCE_DIRECTORY, Assignment, course_root
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -146,33 +146,47 @@ def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.Notebo
     return notebook, changed
 
 
-def generate(assignment: Assignment, root: Path, *, database: bool = True) -> None:
-    """Run ``nbgrader generate_assignment <id> --force`` in the course directory ``root``."""
-    command = [sys.executable, "-m", "nbgrader", "generate_assignment", assignment.id, "--force"]
-    if not database:
-        command.append("--no-db")
-    # nbgrader runs `alembic` to create its database: find it beside this Python, venv or not
-    environment = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    result = subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"nbgrader generate_assignment {assignment.id} failed:\n{result.stdout}{result.stderr}"
+def generate(assignments: Sequence[Assignment], root: Path, *, database: bool = True) -> None:
+    """Run nbgrader's ``generate_assignment --force`` for ``assignments`` in the course directory ``root``.
+
+    nbgrader takes one assignment id per command, but the id may be a glob: when ``assignments`` are all
+    the source notebooks ``root`` holds, one command (id ``*``) releases them all, which saves nbgrader's
+    start-up (several seconds) for each of the others; otherwise one command per assignment.
+
+    Raises:
+        RuntimeError: if nbgrader fails, with its output.
+    """
+    present = {path.parent.name for path in (root / SOURCE_DIRECTORY).glob("*/*.ipynb")}
+    ids = [assignment.id for assignment in assignments]
+    for assignment_id in ["*"] if ids and set(ids) == present else ids:
+        command = [sys.executable, "-m", "nbgrader", "generate_assignment", assignment_id, "--force"]
+        if not database:
+            command.append("--no-db")
+        # nbgrader runs `alembic` to create its database: find it beside this Python, venv or not
+        environment = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        result = subprocess.run(
+            command, cwd=root, env=environment, capture_output=True, text=True, check=False
         )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"nbgrader generate_assignment {assignment_id} failed:\n{result.stdout}{result.stderr}"
+            )
 
 
 def stale_releases(assignments: Sequence[Assignment], root: Path) -> list[str]:
     """Regenerate the releases in a temporary course directory and list those that differ from ``root``'s."""
-    stale = []
     with tempfile.TemporaryDirectory() as scratch:
         scratch_root = Path(scratch)
         shutil.copy(root / "nbgrader_config.py", scratch_root)
         for assignment in assignments:
             assignment.source(scratch_root).parent.mkdir(parents=True)
             shutil.copy(assignment.source(root), assignment.source(scratch_root))
-            generate(assignment, scratch_root, database=False)
+        generate(assignments, scratch_root, database=False)
+        stale = []
+        for assignment in assignments:
             fresh = json.loads(assignment.release(scratch_root).read_text())
             committed_path = assignment.release(root)
             committed = json.loads(committed_path.read_text()) if committed_path.exists() else None
@@ -212,8 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1 if problems else 0
+    generate(chosen, root)
     for assignment in chosen:
-        generate(assignment, root)
         print(f"released {assignment.release(root).relative_to(root)}")
     return 0
 
