@@ -1,6 +1,7 @@
 """The nbgrader round trip, and the course's grader against it.
 
-In a scratch course directory, with the course's nbgrader_config.py and nbgrader's own commands:
+In scratch course directories (each holding several assignments), with the course's nbgrader_config.py
+and nbgrader's own commands:
 ``generate_assignment``, ``autograde`` and ``generate_feedback`` of a solved submission, the blank
 release, buggy submissions (one wrong function from the bank each), and submissions that deleted or
 edited a test cell or print to stderr. Each gets the points expected, and
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import pytest
 
 from attention_course.grading.batch import grade
 from attention_course.grading.sandbox import Limits
+from attention_course.grading.submission import SubmissionResult
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank
 from tests.grading_course import nbgrader
@@ -110,13 +113,34 @@ def submissions(exercise: Exercise) -> list[Submission]:
     return result
 
 
-# each assignment's round trip runs once, on one xdist worker (make test runs with --dist loadgroup)
-@pytest.fixture(scope="module", params=[pytest.param(a, marks=pytest.mark.xdist_group(a)) for a in PRESENT])
-def round_trip(request, tmp_path_factory):
-    """Grade the submissions of one assignment with nbgrader and with attention-grade."""
-    assignment = request.param
-    exercise = load_exercise(assignment)
-    course = tmp_path_factory.mktemp(assignment)
+# The round trips of several assignments share one scratch course: nbgrader takes an assignment id glob, so
+# one generate_assignment, one autograde and one generate_feedback serve them all, and nbgrader's start-up
+# (several seconds a command) is paid once per course. Two courses, one per worker of `make test`, of
+# about the same grading time (measured per assignment on 2 cores).
+ROUND_TRIP_A = ["ex01_attention_pooling", "ex03_masks", "ex07_transformer_block", "ex08_positional"]
+ROUND_TRIP_B = ["ex02_scaled_dot_product", "ex04_multi_head", "ex05_grouped_query", "ex06_cross_attention"]
+COURSES = {
+    "round-trip-a": [*ROUND_TRIP_A, "ex11_tiled_attention"],
+    "round-trip-b": [*ROUND_TRIP_B, "ex09_conv_heads", "ex10_kv_cache"],
+}
+# an assignment added later and not listed above has a course of its own
+COURSES |= {f"round-trip-{a}": [a] for a in PRESENT if not any(a in listed for listed in COURSES.values())}
+COURSE_OF = {assignment: course for course, assignments in COURSES.items() for assignment in assignments}
+
+
+@dataclass
+class RoundTrip:
+    """One assignment's submissions and their points from nbgrader and from attention-grade."""
+
+    cases: list[Submission]
+    by_nbgrader: dict[str, dict[str, float | None]]
+    by_us: dict[str, dict[str, float | None]]
+    results: dict[str, SubmissionResult]
+
+
+def grade_course(assignments: list[str], course: Path) -> dict[str, RoundTrip]:
+    """Grade the submissions of ``assignments`` in the scratch course ``course`` with nbgrader's commands and
+    with attention-grade."""
     shutil.copy(ROOT / "nbgrader_config.py", course)
     with (course / "nbgrader_config.py").open("a") as config:
         # nbgrader's kernels over Unix sockets, as attention-grade's: over TCP two kernels started at once
@@ -124,54 +148,84 @@ def round_trip(request, tmp_path_factory):
         config.write(
             f"\nc.KernelManager.transport = 'ipc'\nc.KernelManager.ip = {str(course / 'kernel')!r}\n"
         )
-    source = ASSIGNMENTS[assignment].source(course)
-    source.parent.mkdir(parents=True)
-    shutil.copy(ASSIGNMENTS[assignment].source(ROOT), source)
-    generated = nbgrader("generate_assignment", assignment, "--force", cwd=course)
+    for assignment in assignments:
+        source = ASSIGNMENTS[assignment].source(course)
+        source.parent.mkdir(parents=True)
+        shutil.copy(ASSIGNMENTS[assignment].source(ROOT), source)
+    generated = nbgrader("generate_assignment", "*", "--force", cwd=course)
     assert generated.returncode == 0, generated.stdout + generated.stderr
-    cases = submissions(exercise)
-    paths = {}
-    for case in cases:
-        path = course / "submitted" / case.student / assignment / f"{assignment}.ipynb"
-        path.parent.mkdir(parents=True)
-        nbformat.write(case.notebook, path)
-        paths[case.student] = path
-    autograded = nbgrader("autograde", assignment, "--force", cwd=course)
+    cases = {assignment: submissions(load_exercise(assignment)) for assignment in assignments}
+    paths: dict[str, dict[str, Path]] = {assignment: {} for assignment in assignments}
+    for assignment, submitted in cases.items():
+        for case in submitted:
+            path = course / "submitted" / case.student / assignment / f"{assignment}.ipynb"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(case.notebook, path)
+            paths[assignment][case.student] = path
+    autograded = nbgrader("autograde", "*", "--force", cwd=course)
     assert autograded.returncode == 0, autograded.stdout + autograded.stderr
 
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id="attention-course") as gradebook:
         by_nbgrader = {
-            case.student: {
-                g.name: g.auto_score
-                for g in gradebook.find_submission_notebook(assignment, assignment, case.student).grades
+            assignment: {
+                case.student: {
+                    g.name: g.auto_score
+                    for g in gradebook.find_submission_notebook(assignment, assignment, case.student).grades
+                }
+                for case in submitted
             }
-            for case in cases
+            for assignment, submitted in cases.items()
         }
-    feedback = nbgrader("generate_feedback", assignment, "--force", cwd=course)
+    feedback = nbgrader("generate_feedback", "*", "--force", cwd=course)
     assert feedback.returncode == 0, feedback.stdout + feedback.stderr
-    for case in cases:
-        assert (course / "feedback" / case.student / assignment / f"{assignment}.html").is_file()
-    ours = grade(assignment, paths, root=course, limits=Limits(), jobs=2)
-    by_us = {result.student: {cell.grade_id: cell.points for cell in result.cells} for result in ours}
-    return cases, by_nbgrader, by_us, {result.student: result for result in ours}
+    round_trips = {}
+    for assignment, submitted in cases.items():
+        for case in submitted:
+            assert (course / "feedback" / case.student / assignment / f"{assignment}.html").is_file()
+        ours = grade(assignment, paths[assignment], root=course, limits=Limits(), jobs=2)
+        round_trips[assignment] = RoundTrip(
+            submitted,
+            by_nbgrader[assignment],
+            {result.student: {cell.grade_id: cell.points for cell in result.cells} for result in ours},
+            {result.student: result for result in ours},
+        )
+    return round_trips
+
+
+@pytest.fixture(scope="module")
+def graded_courses(tmp_path_factory) -> Callable[[str], dict[str, RoundTrip]]:
+    """``graded(course)``: the round trips of a course of COURSES, graded at its first use in this worker."""
+    graded: dict[str, dict[str, RoundTrip]] = {}
+
+    def of(course: str) -> dict[str, RoundTrip]:
+        if course not in graded:
+            graded[course] = grade_course(COURSES[course], tmp_path_factory.mktemp(course))
+        return graded[course]
+
+    return of
+
+
+# each course's round trips run on one xdist worker (make test runs with --dist loadgroup)
+@pytest.fixture(params=[pytest.param(a, marks=pytest.mark.xdist_group(COURSE_OF[a])) for a in PRESENT])
+def round_trip(request, graded_courses) -> RoundTrip:
+    """The round trip of one assignment."""
+    return graded_courses(COURSE_OF[request.param])[request.param]
 
 
 def test_nbgrader_gives_the_expected_points(round_trip):
-    cases, by_nbgrader, _, _ = round_trip
-    for case in cases:
-        assert by_nbgrader[case.student] == case.expected, case.student
+    for case in round_trip.cases:
+        assert round_trip.by_nbgrader[case.student] == case.expected, case.student
 
 
 def test_the_course_grader_agrees_with_nbgrader(round_trip):
-    cases, by_nbgrader, by_us, _ = round_trip
-    for case in cases:
-        assert by_us[case.student] == by_nbgrader[case.student], case.student
+    for case in round_trip.cases:
+        assert round_trip.by_us[case.student] == round_trip.by_nbgrader[case.student], case.student
 
 
 def test_the_course_grader_explains_failures(round_trip):
-    _, _, _, results = round_trip
+    results = round_trip.results
     for result in results.values():
         assert result.status == "graded"
         for cell in result.cells:
