@@ -26,7 +26,10 @@ SUBMISSIONS ?= submitted
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
-	$(BIN)/pip install -e ".[dev]"
+	# uv installs the rest in about 20 s where pip takes about 3 minutes (the same packages, from PyPI); where
+	# uv cannot be installed or cannot reach an index that pip is configured for, pip does it
+	{ $(BIN)/pip install --quiet uv && $(BIN)/uv pip install --python $(BIN)/python --compile-bytecode -e ".[dev]"; } \
+	  || $(BIN)/pip install -e ".[dev]"
 	touch $@
 
 book: $(VENV)/.installed
