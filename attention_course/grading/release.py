@@ -158,15 +158,15 @@ def generate(assignments: Sequence[Assignment], root: Path, *, database: bool = 
     """
     present = {path.parent.name for path in (root / SOURCE_DIRECTORY).glob("*/*.ipynb")}
     ids = [assignment.id for assignment in assignments]
+    # nbgrader runs `alembic` to create its database: find it beside this Python, venv or not
+    environment = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     for assignment_id in ["*"] if ids and set(ids) == present else ids:
         command = [sys.executable, "-m", "nbgrader", "generate_assignment", assignment_id, "--force"]
         if not database:
             command.append("--no-db")
-        # nbgrader runs `alembic` to create its database: find it beside this Python, venv or not
-        environment = {
-            **os.environ,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        }
         result = subprocess.run(
             command, cwd=root, env=environment, capture_output=True, text=True, check=False
         )
