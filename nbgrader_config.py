@@ -17,3 +17,8 @@ c.OverwriteCells.add_missing_cells = True
 
 # Each cell of a submission may run this many seconds (nbgrader's default; attention-grade uses it too).
 c.Execute.timeout = 30
+
+# Once a submission's cells have run, its kernel is stopped at once rather than asked to exit: nbclient's
+# "graceful" shutdown waits about 1.3 s a notebook for the kernel's exit and its atexit hooks (a quarter of
+# the time each notebook takes to grade), and a submission's atexit hooks have nothing to do at grading time.
+c.Execute.shutdown_kernel = "immediate"

@@ -180,6 +180,10 @@ def test_a_training_chapter_prints_the_same_numbers_with_two_threads(built_book,
     notebook = jupytext.read(ROOT / "chapters" / f"{name}.md")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the kernel inherits the environment
     nbclient.NotebookClient(
-        notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "chapters")}}
+        notebook,
+        timeout=900,
+        kernel_name="python3",
+        shutdown_kernel="immediate",
+        resources={"metadata": {"path": str(ROOT / "chapters")}},
     ).execute()
     assert _printed(notebook) == _printed(nbformat.read(built, as_version=4))
