@@ -63,15 +63,22 @@ def nbgrader(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def write_config(folder: Path) -> None:
+    """The course's ``nbgrader_config.py`` in the scratch course ``folder``, with nbgrader's kernels over
+    Unix sockets in ``folder``, as attention-grade's: over TCP, two kernels started at once by the test's
+    workers now and then pick the same port, and one of them dies at start."""
+    shutil.copy(ROOT / "nbgrader_config.py", folder)
+    with (folder / "nbgrader_config.py").open("a") as config:
+        config.write(
+            f"\nc.KernelManager.transport = 'ipc'\nc.KernelManager.ip = {str(folder / 'kernel')!r}\n"
+        )
+
+
 def make_course(folder: Path) -> dict[str, Path]:
     """A course directory at ``folder`` with the source notebook and the six submissions in nbgrader's
     layout; returns ``{student: notebook}``."""
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "nbgrader_config.py", folder)
-    with (folder / "nbgrader_config.py").open("a") as config:  # kernels over Unix sockets, as test_grading
-        config.write(
-            f"\nc.KernelManager.transport = 'ipc'\nc.KernelManager.ip = {str(folder / 'kernel')!r}\n"
-        )
+    write_config(folder)
     source = ASSIGNMENTS[ASSIGNMENT].source(folder)
     source.parent.mkdir(parents=True)
     shutil.copy(ASSIGNMENTS[ASSIGNMENT].source(ROOT), source)

@@ -25,7 +25,7 @@ from attention_course.grading.sandbox import Limits
 from attention_course.grading.submission import SubmissionResult
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank
-from tests.grading_course import nbgrader
+from tests.grading_course import nbgrader, write_config
 from tests.notebook_tools import (
     ROOT,
     Exercise,
@@ -141,13 +141,7 @@ class RoundTrip:
 def grade_course(assignments: list[str], course: Path) -> dict[str, RoundTrip]:
     """Grade the submissions of ``assignments`` in the scratch course ``course`` with nbgrader's commands and
     with attention-grade."""
-    shutil.copy(ROOT / "nbgrader_config.py", course)
-    with (course / "nbgrader_config.py").open("a") as config:
-        # nbgrader's kernels over Unix sockets, as attention-grade's: over TCP two kernels started at once
-        # by the test's workers now and then pick the same port and one dies at start
-        config.write(
-            f"\nc.KernelManager.transport = 'ipc'\nc.KernelManager.ip = {str(course / 'kernel')!r}\n"
-        )
+    write_config(course)
     for assignment in assignments:
         source = ASSIGNMENTS[assignment].source(course)
         source.parent.mkdir(parents=True)
