@@ -47,10 +47,6 @@ class CrossAttention(MultiHeadAttention):
     Source: Vaswani et al. 2017, section 3.2.3.
     """
 
-    _cached: (
-        tuple[torch.Tensor, tuple, torch.Tensor, torch.Tensor] | None
-    ) = None
-
     def forward(
         self,
         target: torch.Tensor,
@@ -150,13 +146,13 @@ class CrossAttention(MultiHeadAttention):
         self._cached = (source, state, k, v)
         return k, v
 
-    def _source_parameters(self) -> list[torch.Tensor]:
-        # an optimiser step changes their versions
-        return [*self.w_k.parameters(), *self.w_v.parameters()]
-
     def clear_cache(self) -> None:
         """Forget the cached keys and values (at the end of a sentence, to free their memory)."""
         self._cached = None
+
+    def _source_parameters(self) -> list[torch.Tensor]:
+        # an optimiser step changes their versions
+        return [*self.w_k.parameters(), *self.w_v.parameters()]
 
     def _project_source(
         self, source: torch.Tensor
@@ -173,6 +169,11 @@ class CrossAttention(MultiHeadAttention):
             .transpose(1, 2)
         )
         return k, v
+
+    # (source, its state, keys, values) of the last call with use_cache=True
+    _cached: (
+        tuple[torch.Tensor, tuple, torch.Tensor, torch.Tensor] | None
+    ) = None
 
 
 class DecoderLayer(nn.Module):

@@ -113,3 +113,52 @@ def test_render_solution_marks_the_body_after_the_docstring():
         "    return 2 * x",
         f"    {END}",
     ]
+
+
+@pytest.mark.parametrize("assignment", PRESENT)
+def test_release_shows_only_the_public_members_of_a_class(assignment):
+    """A class's helper methods and private attributes are how the reference is organised: the release
+    shows the public methods' signatures and docstrings only."""
+    release = load_exercise(assignment).release_notebook()
+    for cell in release.cells:
+        if cell.cell_type != "code" or not cell.metadata.get("nbgrader", {}).get("solution"):
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.ClassDef):
+                names = [
+                    member.name if isinstance(member, ast.FunctionDef) else ast.unparse(member)
+                    for member in node.body[1:]
+                ]
+                private = [n for n in names if n.startswith("_") and not n.endswith("__")]
+                assert not private, f"{node.name} shows {private}"
+
+
+def test_render_solution_leaves_private_members_in_the_last_region():
+    class Cache:
+        """A cache."""
+
+        def get(self, key):
+            """The value of ``key``."""
+            return self._store()[key]
+
+        def _store(self):
+            return {}
+
+        _size: int = 0
+
+    lines = render_solution(Cache).splitlines()
+    assert lines[-1] == f"    {END}"  # the region runs to the class's end, ending at its members' indent
+    assert lines.index(f"        {BEGIN}") < lines.index("    def _store(self):")
+
+    class Misplaced:
+        """A helper before the public method."""
+
+        def _helper(self):
+            return 1
+
+        def value(self):
+            """One."""
+            return self._helper()
+
+    with pytest.raises(ValueError, match="_helper"):
+        render_solution(Misplaced)

@@ -52,25 +52,59 @@ def _docstring_end(definition: ast.FunctionDef | ast.ClassDef) -> int | None:
 def render_solution(function: object) -> str:
     """The source of a solution cell for ``function``: signature and docstring, then the marked body.
 
-    A class keeps its header, its docstring and each method's signature and docstring; each method's body is
-    a solution region (the release's stub of ``__init__`` raises ``NotImplementedError``, so that the blank
-    class fails as a blank function does).
+    A class keeps its header, its docstring and each public method's signature and docstring; each such
+    method's body is a solution region (the release's stub of ``__init__`` raises ``NotImplementedError``, so
+    that the blank class fails as a blank function does). The class's private members (``_name``: helper
+    methods, a cache's attribute), which come after its public methods, are part of the last public method's
+    region: how the reference is organised is a solution too, and the release does not show it.
 
     Raises:
-        ValueError: if ``function`` (or a class) has no docstring (the learner's task is stated there).
+        ValueError: if ``function`` (or a class) has no docstring (the learner's task is stated there), or a
+            class has a private member before one of its public methods.
     """
     source = textwrap.dedent(inspect.getsource(function))  # type: ignore[arg-type]
     definition = ast.parse(source).body[0]
     if not isinstance(definition, ast.FunctionDef | ast.ClassDef) or _docstring_end(definition) is None:
         raise ValueError(f"{function!r} needs a docstring: it is the learner's statement of the task")
     lines = source.rstrip().splitlines()
-    methods = [definition] if isinstance(definition, ast.FunctionDef) else definition.body
-    for method in reversed([node for node in methods if isinstance(node, ast.FunctionDef)]):
+    if isinstance(definition, ast.FunctionDef):
+        methods, last = [definition], None
+    else:
+        members = definition.body[1:]  # after the docstring
+        methods = [node for node in members if isinstance(node, ast.FunctionDef) and not _private(node)]
+        if not methods:
+            raise ValueError(f"{function!r} has no public method for the learner to write")
+        misplaced = [node for node in members if _private(node) and node.lineno < methods[-1].lineno]
+        if misplaced:
+            raise ValueError(
+                f"{function!r}: the private members {[_name(node) for node in misplaced]} come before the "
+                f"public method {methods[-1].name!r}; put them after it, where the release leaves them out"
+            )
+        last = definition.end_lineno
+    for method in reversed(methods):
         start = _docstring_end(method) or method.body[0].lineno - 1  # lines[:start] stay
         indent = " " * method.body[0].col_offset
-        end = method.end_lineno or start
-        lines[start:end] = [f"{indent}{BEGIN}", *lines[start:end], f"{indent}{END}"]
+        end, closing = method.end_lineno or start, indent
+        if method is methods[-1] and isinstance(definition, ast.ClassDef):
+            end, final = last or end, definition.body[-1]
+            # the END marker where a comment after the class's last member sits (ruff's format)
+            closing = " " * (final.body[0] if isinstance(final, ast.FunctionDef) else final).col_offset
+        lines[start:end] = [f"{indent}{BEGIN}", *lines[start:end], f"{closing}{END}"]
     return "\n".join(lines)
+
+
+def _name(node: ast.stmt) -> str:
+    """The name a class member defines: a method's, or an attribute's (``name = ...``, ``name: T = ...``)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return node.name
+    target = node.target if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [None])[0]
+    return target.id if isinstance(target, ast.Name) else ""
+
+
+def _private(node: ast.stmt) -> bool:
+    """Whether a class member is private (``_name``, not ``__dunder__``)."""
+    name = _name(node)
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
 def render_test_cell(behaviour: Any) -> str:
