@@ -47,12 +47,15 @@ def release(tmp_path_factory) -> Path:
 
 
 def _source_lines(pattern: str) -> set[str]:
-    """Lines between nbgrader's markers in the source notebooks (here, independently of the module)."""
+    """Lines between nbgrader's markers in the source notebooks (here, independently of the module), less
+    the lines that a source shows outside every marked region too (a signature line that a helper method
+    inside a solution repeats: released anyway)."""
     begin, end = f"### BEGIN {pattern}", f"### END {pattern}"
     lines: set[str] = set()
+    shown: set[str] = set()
     for assignment in ASSIGNMENTS.values():
         for cell in nbformat.read(assignment.source(ROOT), as_version=4).cells:
-            inside = False
+            inside, depth = False, 0
             for line in cell.source.splitlines():
                 if line.strip() == end:
                     inside = False
@@ -60,7 +63,11 @@ def _source_lines(pattern: str) -> set[str]:
                     lines.add(line.strip())
                 if line.strip() == begin:
                     inside = True
-    return lines
+                depth += line.strip().startswith("### BEGIN ") - line.strip().startswith("### END ")
+                outside = depth == 0 and not line.strip().startswith("### ")
+                if cell.cell_type == "code" and outside:
+                    shown.add(line.strip())
+    return lines - shown
 
 
 def _all_text(folder: Path) -> str:
@@ -130,11 +137,14 @@ def test_the_scan_finds_answers_put_into_a_copy(release, tmp_path):
     shutil.copytree(release, planted)
     hidden = sorted(_source_lines("HIDDEN TESTS"))[0]
     (planted / "attention_course" / "extra.py").write_text(f"from solutions import attention\n{hidden}\n")
+    solution = sorted(line for line in _source_lines("SOLUTION") if len(line) >= 24)[0]
+    (planted / "exercises" / "extra.py").write_text(f"{solution}\n")
     (planted / "solutions").mkdir()
     problems = student_release.scan(planted, ROOT)
     assert any("solutions/ is in the copy" in p for p in problems)
     assert any("imports the answers" in p for p in problems)
     assert any("hidden tests" in p for p in problems)
+    assert f"exercises/extra.py: holds a line of the solutions: {solution}" in problems
 
 
 def test_the_book_builds_in_the_copy(release, built_book: BookBuild, tmp_path):

@@ -126,8 +126,13 @@ def answers(root: Path) -> dict[str, set[str]]:
       the library's, by design in the copy);
     - ``"solutions"``: every solution region of the source notebooks (none may be in a released notebook);
     - ``"hidden tests"``: every hidden test of the source notebooks.
+
+    A line that a source notebook shows outside its solution and hidden-test regions (a signature's
+    ``) -> tuple[torch.Tensor, torch.Tensor]:``, which a helper method inside a region may repeat) is
+    released anyway, so it is not an answer.
     """
     found: dict[str, set[str]] = {"own solutions": set(), "solutions": set(), "hidden tests": set()}
+    shown: set[str] = set()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # the course's own solutions/, as the graders import them
     for assignment in ASSIGNMENTS.values():
@@ -144,6 +149,11 @@ def answers(root: Path) -> dict[str, set[str]]:
                     found["own solutions"] |= _lines(region)
             for region in HIDDEN.findall(cell.source):
                 found["hidden tests"] |= {line.strip() for line in region.splitlines() if line.strip()}
+            if cell.cell_type == "code":
+                outside = HIDDEN.sub("", SOLUTION.sub("", cell.source))
+                shown |= {line.strip() for line in outside.splitlines()}
+    found["solutions"] -= shown
+    found["own solutions"] -= shown
     return found
 
 
