@@ -209,12 +209,17 @@ def test_nothing_reached_the_listener(graded):
 
 def test_nothing_a_submission_leaves_in_its_slot_reaches_the_next_one():
     """One slot grades two submissions in turn: what the first leaves in the slot's private /tmp, /dev/shm,
-    home, working folder, the folder above it, or System V shared memory is gone when the second runs."""
+    home, matplotlib's configuration folder, working folder, the folder above it, or System V shared memory
+    is gone when the second runs."""
     if not isolation().namespaces:
         pytest.skip(f"the sandbox cannot isolate here ({isolation().reason})")
-    places = "('/tmp', '/dev/shm', os.path.expanduser('~'), os.getcwd(), os.path.dirname(os.getcwd()))"
+    places = (
+        "('/tmp', '/tmp/matplotlib', '/dev/shm', os.path.expanduser('~'),"
+        " os.environ.get('MPLCONFIGDIR', '/tmp'), os.getcwd(), os.path.dirname(os.getcwd()))"
+    )
     plant = nbformat.v4.new_code_cell(
         "import ctypes, os, pathlib\n"
+        "os.makedirs('/tmp/matplotlib', exist_ok=True)  # matplotlib's folder when no MPLCONFIGDIR is set\n"
         f"for folder in {places}:\n"
         "    pathlib.Path(folder, 'planted').write_text('for the next submission')\n"
         "libc = ctypes.CDLL(None)\n"

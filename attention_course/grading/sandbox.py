@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import functools
 import importlib.util
@@ -125,9 +126,15 @@ class Isolation:
     def describe(self) -> str:
         limits = f"limits on time, memory and file size; processes: {self.process_limit}"
         if self.namespaces:
+            refused = (
+                f"seccomp refuses {', '.join(REFUSED_SYSCALLS)}"
+                if seccomp_filter() is not None
+                else "no seccomp filter (libseccomp is not installed)"
+            )
             return (
-                "bubblewrap: no network, own PID and user namespaces, read-only allow-listed file system "
-                f"without solutions/, private scratch and /tmp; {limits}"
+                "bubblewrap: no network, own PID and user namespaces (the fork server is their init), "
+                "read-only allow-listed file system without solutions/, private scratch and /tmp; "
+                f"{refused}; {limits}"
             )
         return (
             f"no namespaces ({self.reason}): the kernel can read what the grading user can and reach the "
@@ -202,8 +209,45 @@ def _pids_cgroup() -> Path | None:
 
 
 def _namespace_flags() -> list[str]:
+    """Namespaces of a sandbox. ``--as-pid-1``: the command (the fork server) is the PID namespace's init,
+    without bubblewrap's own init in front of it. An init holds the grader's protocol pipes and the slot's
+    log; the fork server is not dumpable, so no kernel can trace it, read its memory or open its
+    descriptors, and a signal from inside the namespace cannot kill it. When it ends, the kernel kills every
+    process of the namespace."""
     uid = ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
-    return ["--unshare-all", "--unshare-user", *uid, "--disable-userns", "--die-with-parent", "--new-session"]
+    return [
+        "--unshare-all",
+        "--unshare-user",
+        *uid,
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+    ]
+
+
+#: system calls refused to every process of a sandbox (``EPERM``): tracing another process, reading or
+#: writing its memory, taking its descriptors, comparing its kernel objects
+REFUSED_SYSCALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp")
+
+
+@functools.cache
+def seccomp_filter() -> bytes | None:
+    """The sandbox's seccomp program (classic BPF, as bubblewrap's ``--add-seccomp-fd`` reads it): refuse
+    :data:`REFUSED_SYSCALLS` with ``EPERM``, allow the rest, and kill a process that makes a system call of
+    another architecture (an i386 call from an x86-64 process, say, which a filter by number would miss).
+    Compiled by libseccomp (through ``pyseccomp``); ``None`` where libseccomp is not installed."""
+    try:
+        import pyseccomp
+    except Exception:  # the package, or the system's libseccomp.so.2 that it loads, is missing
+        return None
+    program = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in REFUSED_SYSCALLS:
+        program.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    with tempfile.TemporaryFile() as compiled:
+        program.export_bpf(compiled)
+        compiled.seek(0)
+        return compiled.read()
 
 
 def _readable_roots() -> list[Path]:
@@ -258,12 +302,17 @@ def solutions_folder(root: Path) -> Path | None:
     return hidden[0] if hidden else None
 
 
-def bwrap_arguments(bwrap: str, scratch: Path, solutions: Path | None = None) -> list[str]:
+def bwrap_arguments(
+    bwrap: str, scratch: Path, solutions: Path | None = None, tmpfs_mib: int = 0
+) -> list[str]:
     """The command line that starts a fork server in a new sandbox whose writable folder is ``scratch``;
-    ``solutions``: the reference solutions' folder, shown read-only (together mode), else hidden."""
+    ``solutions``: the reference solutions' folder, shown read-only (together mode), else hidden;
+    ``tmpfs_mib``: the size of each of the private ``/tmp`` and ``/dev/shm`` (0: bounded only by memory)."""
     arguments = [bwrap, *_namespace_flags(), "--cap-drop", "ALL", "--hostname", "grader"]
-    # first the private /tmp: a Python, a course or a scratch folder under /tmp is bound on top of it below
-    arguments += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    size = ["--size", str(tmpfs_mib * 2**20)] if tmpfs_mib else []
+    # first the private /tmp: a Python, a course or a scratch folder under /tmp is bound on top of it below;
+    # files in a tmpfs are memory that RLIMIT_DATA does not count, hence the sizes
+    arguments += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/dev/shm", *size, "--tmpfs", "/tmp"]
     for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = Path("/") / top
         if path.is_symlink():
@@ -396,7 +445,15 @@ def _file_system(path: str) -> str:
     return types[-1] if types else ""  # the last mount on a path hides those before it
 
 
-def environment(scratch: Path, mplconfig: str | None = None) -> dict[str, str]:
+def _memory_file(name: str, content: bytes) -> int:
+    """A descriptor of an anonymous file holding ``content``, read from its start (for a child process)."""
+    fd = os.memfd_create(name, 0)  # without MFD_CLOEXEC: passed to bubblewrap
+    os.write(fd, content)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def environment(scratch: Path) -> dict[str, str]:
     """The whole environment of a fork server and its kernels: an allow-list, never the grader's own."""
     kept = {name: os.environ[name] for name in ALLOWED_ENVIRONMENT if name in os.environ}
     return {
@@ -411,7 +468,6 @@ def environment(scratch: Path, mplconfig: str | None = None) -> dict[str, str]:
         "JUPYTER_PLATFORM_DIRS": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # debugpy, imported by ipykernel, warns about frozen modules
-        **({"MPLCONFIGDIR": mplconfig} if mplconfig else {}),
     }
 
 
@@ -436,22 +492,15 @@ class Slot:
         self.solutions = solutions
         self._lock = threading.Lock()
         command = [sys.executable, "-I", "-m", "attention_course.grading.zygote"]
-        # matplotlib wants a writable configuration folder: the prebuilt font list, copied by bubblewrap into
-        # the slot's private /tmp (else every fork server would scan the system's fonts again)
-        cache, fonts = matplotlib_cache(), ()
-        self.mplconfig = str(cache) if cache is not None else None
+        passed: tuple[int, ...] = ()
         if isolation.namespaces:
             assert isolation.bwrap is not None
-            files = sorted(cache.glob("fontlist-*.json")) if cache is not None else []
-            fonts = tuple(os.open(file, os.O_RDONLY) for file in files)
-            copies = [
-                ["--file", str(fd), f"/tmp/matplotlib/{file.name}"]
-                for fd, file in zip(fonts, files, strict=True)
-            ]
-            self.mplconfig = "/tmp/matplotlib" if files else None
+            program = seccomp_filter()
+            if program is not None:  # bubblewrap reads the program from a descriptor
+                passed = (_memory_file("seccomp", program),)
             command = [
-                *bwrap_arguments(isolation.bwrap, self.scratch, solutions),
-                *(["--dir", "/tmp/matplotlib", *[a for copy in copies for a in copy]] if files else []),
+                *bwrap_arguments(isolation.bwrap, self.scratch, solutions, limits.memory_mib),
+                *[argument for fd in passed for argument in ("--add-seccomp-fd", str(fd))],
                 *command,
                 "--own-pid-namespace",
             ]
@@ -474,12 +523,12 @@ class Slot:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=environment(self.scratch, self.mplconfig),
-                pass_fds=fonts,
+                env=environment(self.scratch),
+                pass_fds=passed,
                 cwd=self.scratch,
                 start_new_session=True,  # an interrupt at the grader's terminal is not the kernels'
             )
-        for fd in fonts:
+        for fd in passed:
             os.close(fd)
         self.ready: dict[str, Any] | None = None
 
@@ -531,8 +580,17 @@ class Slot:
     def spawn(self, argv: list[str], cwd: Path, limits: Limits, preload: Sequence[str] = ()) -> int:
         """Fork a kernel with ``argv`` (``IPKernelApp`` arguments) in ``cwd``, after the fork server imported
         the modules ``preload`` names (once: later kernels inherit them); return its pid in the slot."""
-        env = {**environment(self.scratch, self.mplconfig), "HOME": str(cwd / "home")}
-        (cwd / "home").mkdir(exist_ok=True)
+        home = cwd / "home"
+        home.mkdir(exist_ok=True)
+        env = {**environment(self.scratch), "HOME": str(home)}
+        # matplotlib wants a writable configuration folder: the kernel's own, in its home, with a copy of the
+        # prebuilt font list (else it scans the system's fonts, seconds); nothing of it outlives the kernel
+        fonts = matplotlib_cache()
+        if fonts is not None:
+            (home / "matplotlib").mkdir(exist_ok=True)
+            for file in fonts.glob("fontlist-*.json"):
+                shutil.copyfile(file, home / "matplotlib" / file.name)
+            env["MPLCONFIGDIR"] = str(home / "matplotlib")
         answer = self.request(
             "spawn",
             argv=argv,

@@ -18,9 +18,10 @@ request per line on its standard input, on its standard output:
   the ``preload`` modules it has not imported yet, forks a kernel and answers its ``pid``;
 - ``{"op": "poll", "pid": ...}`` answers its ``returncode`` (``null`` while it runs; ``-N`` for a signal);
 - ``{"op": "signal", "pid": ..., "signum": ...}`` signals the kernel's process group;
-- ``{"op": "sweep"}`` kills every other process this server can see (in its own PID namespace: every process
-  the submission started, orphans and daemons included), empties the sandbox's private ``/tmp`` and
-  ``/dev/shm`` and removes its System V IPC objects, and answers how many processes there were.
+- ``{"op": "sweep"}`` kills every other process of its PID namespace, of which it is the init (every process
+  the submission started, orphans, daemons and processes without a main thread included), empties the
+  sandbox's private ``/tmp`` and ``/dev/shm`` and removes its System V IPC objects, and answers how many
+  processes there were.
 
 Run by the sandbox as ``python -I -m attention_course.grading.zygote``; people never need to.
 """
@@ -182,16 +183,42 @@ def _fresh_random_state() -> None:
     torch.default_generator.manual_seed(TORCH_DEFAULT_SEED)
 
 
-def _sweep(keep: set[int], sessions: set[int] | None) -> int:
-    """Kill every process visible in /proc but ``keep`` (or, with ``sessions``, every process of those
-    sessions), until none is left; return how many there were."""
+def _sweep_namespace() -> int:
+    """Kill every process of this PID namespace but this server, its init, and reap them; return how many
+    there were.
+
+    ``kill(-1, SIGKILL)`` signals every process the caller may signal but itself; in a PID namespace of its
+    own that is every other process of the namespace, whatever it did to look gone (a new session, a main
+    thread that exited while other threads run on, a pid that changes with every fork): the kernel walks its
+    own list of tasks, with forks held off, and nothing is read from ``/proc`` to decide. Orphans have this
+    server as their parent, so it reaps them all; it repeats until ``/proc`` lists no other process.
+    """
+    me = os.getpid()
+    seen: set[int] = set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        others = {int(name) for name in os.listdir("/proc") if name.isdigit()} - {me}
+        if not others:
+            break
+        seen |= others
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:  # none left to signal: only zombies, reaped below
+            pass
+        _reap()
+        time.sleep(0.001)
+    return len(seen)
+
+
+def _sweep_sessions(sessions: set[int]) -> int:
+    """Without a PID namespace of its own: kill every process of the kernels' ``sessions`` (which a process
+    that starts a session of its own escapes), until none is left; return how many there were. A process is
+    alive while any of its threads is (its main thread may have exited)."""
     killed: set[int] = set()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        others = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in keep]
-        if sessions is not None:
-            others = [pid for pid in others if _session(pid) in sessions]
-        alive = [pid for pid in others if not _is_zombie(pid)]
+        others = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
+        alive = [pid for pid in others if _session(pid) in sessions and not _is_dead(pid)]
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -205,18 +232,13 @@ def _sweep(keep: set[int], sessions: set[int] | None) -> int:
     return len(killed)
 
 
-#: what the slot keeps from one submission to the next in its private /tmp: matplotlib's font list, read once
-#: by this server before any kernel ran (a kernel that edits it changes nothing later)
-KEPT_IN_TMP = {"matplotlib"}
-
-
 def _wipe_private_places() -> None:
     """Empty the places a kernel could leave something in for the next submission of this slot: the
     sandbox's private /tmp and /dev/shm, and its System V IPC objects (``ipcrm --all``)."""
     with open("/proc/self/mountinfo") as mountinfo:  # the slot's scratch folder is mounted in one of them
         mounts = {line.split()[4] for line in mountinfo}
-    for folder, kept in (("/tmp", KEPT_IN_TMP), ("/dev/shm", set())):
-        _empty(folder, kept, mounts)
+    for folder in ("/tmp", "/dev/shm"):
+        _empty(folder, set(), mounts)
     if shutil.which("ipcrm"):
         subprocess.run(["ipcrm", "--all"], capture_output=True, check=False)
 
@@ -252,12 +274,20 @@ def _session(pid: int) -> int | None:
         return None
 
 
-def _is_zombie(pid: int) -> bool:
+def _is_dead(pid: int) -> bool:
+    """Whether every thread of ``pid`` is a zombie (or gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True  # gone
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return False
+        except (OSError, IndexError):
+            continue
+    return True
 
 
 EXITED: dict[int, int] = {}  # pid -> return code of reaped children
@@ -277,11 +307,10 @@ def _reap() -> None:
 def serve(requests: BinaryIO, answers: BinaryIO, protocol: list[int], own_namespace: bool) -> None:
     """Answer requests until the standard input closes.
 
-    In its own PID namespace (``own_namespace``) the sweep kills every process but this server and the
-    namespace's init; elsewhere only the processes of the kernels' sessions, which a process that starts a
-    session of its own escapes.
+    In its own PID namespace (``own_namespace``, where this server is the init) the sweep kills every other
+    process; elsewhere only the processes of the kernels' sessions, which a process that starts a session of
+    its own escapes.
     """
-    keep = {1, os.getpid()}  # in its own PID namespace, 1 is the sandbox's init
     sessions: set[int] = set()
 
     def answer(message: dict[str, Any]) -> None:
@@ -314,7 +343,7 @@ def serve(requests: BinaryIO, answers: BinaryIO, protocol: list[int], own_namesp
                     pass
                 answer({"ok": True})
             elif op == "sweep":
-                killed = _sweep(keep, None if own_namespace else sessions)
+                killed = _sweep_namespace() if own_namespace else _sweep_sessions(sessions)
                 if own_namespace:  # /tmp and /dev/shm are the slot's own only in its own namespaces
                     _wipe_private_places()
                 answer({"ok": True, "killed": killed})
@@ -332,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     """Preload, then serve the sandbox's requests on the standard input and output."""
     argv = sys.argv[1:] if argv is None else argv
     own_namespace = "--own-pid-namespace" in argv
-    if own_namespace and os.getpid() > 3:  # never sweep a namespace that is not the sandbox's own
-        print(f"not in a PID namespace of its own (pid {os.getpid()})", file=sys.stderr)
+    if own_namespace and os.getpid() != 1:  # kill(-1) must never reach beyond the sandbox's own namespace
+        print(f"not the init of a PID namespace of its own (pid {os.getpid()})", file=sys.stderr)
         return 2
     requests = os.fdopen(os.dup(0), "rb")
     answers = os.fdopen(os.dup(1), "wb")

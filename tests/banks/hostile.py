@@ -341,18 +341,12 @@ HOSTILE: tuple[Hostile, ...] = (
     Hostile("reads-the-grader-environment", FULL, functions={"softmax": READ_ENVIRONMENT}),
     Hostile("sends-the-solutions-over-tcp", FULL, cells=(("end", SEND_SOLUTIONS),)),
     Hostile("writes-outside-its-folder", FULL, cells=(("end", WRITE_OUTSIDE),)),
+    # the kernel's parent is the fork server, init of the slot's PID namespace: a signal from inside the
+    # namespace cannot kill it, so both attempts change nothing and every cell runs
     Hostile(
-        "kills-its-parent",
-        SOFTMAX,
-        "killed the sandbox",
-        cells=((AFTER_SOFTMAX_TESTS, "import os\n\nos.kill(os.getppid(), 9)"),),
+        "kills-its-parent", FULL, cells=((AFTER_SOFTMAX_TESTS, "import os\n\nos.kill(os.getppid(), 9)"),)
     ),
-    Hostile(
-        "kills-every-process",
-        SOFTMAX,
-        "killed the sandbox",
-        cells=((AFTER_SOFTMAX_TESTS, "import os\n\nos.kill(-1, 9)"),),
-    ),
+    Hostile("kills-every-process", FULL, cells=((AFTER_SOFTMAX_TESTS, "import os\n\nos.kill(-1, 9)"),)),
     Hostile("deletes-test-cells", FULL, edit=_without_test_cells),
     Hostile("duplicates-test-cells", FULL, edit=_duplicated_test_cells),
     Hostile("edits-test-cells", FULL, edit=_edited_test_cells),
