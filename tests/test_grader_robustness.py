@@ -24,7 +24,10 @@ from attention_course.grading import sandbox
 from attention_course.grading.batch import grade
 from attention_course.grading.cli import main
 from attention_course.grading.execute import execute
+from attention_course.grading.notebooks import CellResult
+from attention_course.grading.reports import write_reports
 from attention_course.grading.sandbox import Limits, isolation
+from attention_course.grading.submission import SubmissionResult
 from attention_course.grading.zygote import TORCH_DEFAULT_SEED
 from attention_course.registry import ASSIGNMENTS
 from tests.notebook_tools import ROOT, fill_solutions, load_exercise, reference_sources
@@ -67,6 +70,28 @@ def test_command_line_writes_json_and_csv(tmp_path, capsys):
     assert len(rows) == len(submission["cells"]) and {row["student"] for row in rows} == {"ada"}
     assert "ada" in capsys.readouterr().out
     assert ASSIGNMENTS[ASSIGNMENT].release(ROOT).exists()
+
+
+def test_the_csv_report_opens_in_a_spreadsheet_as_text(tmp_path):
+    """A message, a student id or a path that starts like a formula is text once the CSV is read back: every
+    field a spreadsheet would evaluate (OWASP's list of first characters) is escaped, numbers stay numbers."""
+    starts = ("=", "+", "-", "@", "\t", "\r")
+    cells = [
+        CellResult(f"cell{i}", "auto", 0.0, 5.0, "failed", f'{start}HYPERLINK("http://x", "see")')
+        for i, start in enumerate(starts)
+    ]
+    results = [
+        SubmissionResult("=1+1", "-2+3/ex02.ipynb", "graded", 1.0, cells),
+        SubmissionResult("ada", "a", "graded", 1.0, [CellResult("a", "auto", 5.0, 5.0, "passed", "fine")]),
+    ]
+    write_reports(results, ASSIGNMENT, tmp_path, {})
+    with open(tmp_path / "report.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    text_columns = ("student", "grade_id", "kind", "status", "message", "path")
+    texts = [row[name] for row in rows for name in text_columns]
+    assert not [text for text in texts if text.startswith(starts)]
+    assert rows[0]["student"] == "'=1+1" and rows[0]["message"] == """'=HYPERLINK("http://x", "see")"""
+    assert (rows[-1]["student"], rows[-1]["points"], rows[-1]["message"]) == ("ada", "5.0", "fine")
 
 
 @pytest.fixture

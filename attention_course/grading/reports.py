@@ -1,5 +1,5 @@
 """Reports of a graded batch: ``report.json`` (everything), ``report.csv`` (a row per submission and grade
-cell), and a summary on the console."""
+cell, safe to open in a spreadsheet), and a summary on the console."""
 
 from __future__ import annotations
 
@@ -13,6 +13,17 @@ from rich.console import Console
 from rich.table import Table
 
 from attention_course.grading.submission import SubmissionResult
+
+#: what a spreadsheet reads as the start of a formula (OWASP, "CSV Injection"): a tab and a carriage return
+#: too, which some programs strip before they look at the next character
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """``text`` as a CSV field that a spreadsheet shows as text: one that starts like a formula gets a leading
+    apostrophe, OWASP's rule (a message that begins ``=HYPERLINK(...)``, a student id ``-1+1``). Numbers are
+    written as numbers and not passed here."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def write_reports(
@@ -33,18 +44,9 @@ def write_reports(
         for result in results:
             for cell in result.cells:
                 points = "" if cell.points is None else cell.points
-                writer.writerow(
-                    [
-                        result.student,
-                        cell.grade_id,
-                        cell.kind,
-                        points,
-                        cell.max_points,
-                        cell.status,
-                        cell.message,
-                        result.path,
-                    ]
-                )
+                text = [result.student, cell.grade_id, cell.kind, cell.status, cell.message, result.path]
+                student, grade_id, kind, status, message, path = map(spreadsheet_safe, map(str, text))
+                writer.writerow([student, grade_id, kind, points, cell.max_points, status, message, path])
 
 
 def summarise(results: list[SubmissionResult], console: Console) -> None:
