@@ -30,38 +30,112 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attention_course.registry import ASSIGNMENTS, course_root
 
 
-def find_submissions(paths: Sequence[Path], assignment_id: str) -> dict[str, Path]:
-    """Map a student id to each notebook found under ``paths``.
+@dataclass
+class Scan:
+    """The notebooks found under the paths given: ``found`` (``{student: notebook}``) and ``refused``
+    (``{what was refused: why}``)."""
 
-    In nbgrader's layout (``.../<student>/<assignment>/<assignment>.ipynb``) the student is the folder
-    two levels up; otherwise the file name without ``.ipynb``. Checkpoints are skipped.
+    found: dict[str, Path] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def student_id_problem(student: str) -> str:
+    """Why ``student`` cannot be a student id (a folder's or a file's name), ``""`` if it can.
+
+    A student id names the learner in every report and the feedback page's file: it must be UTF-8 text
+    (a name that is not arrives from the file system as lone surrogates), must not start with a dot (``.``,
+    ``..``, hidden files), and must hold no control characters (terminal escapes, new lines) or path
+    separators.
+    """
+    if not student:
+        return "an empty name"
+    try:
+        student.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a name that is not UTF-8"
+    if student.startswith("."):
+        return "a name that starts with a dot"
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") or c in "/\\" for c in student):
+        return "a name with control characters or path separators"
+    return ""
+
+
+def scan_submissions(paths: Sequence[Path], assignment_id: str) -> Scan:
+    """The notebooks to grade under ``paths``, each with its student id, and what was refused.
+
+    A file named on the command line is graded as it is; its student is the folder two levels up in
+    nbgrader's layout (``.../<student>/<id>/<id>.ipynb``), else its name without ``.ipynb``. A folder is read
+    in exactly these places: ``<folder>/<student>/<id>/<id>.ipynb`` (nbgrader's ``submitted/``),
+    ``<folder>/<id>/<id>.ipynb`` (one student's folder, the student being the folder's name) and
+    ``<folder>/*.ipynb`` (a folder of notebooks, each named for its student). Nothing else under a folder is
+    read: a learner's extra notebook beside their own is not a submission of someone else's. Symbolic links
+    among the learners' folders and notebooks, invalid student ids (:func:`student_id_problem`) and two
+    notebooks with the same student id or the same feedback file are refused, never renamed.
 
     Raises:
         FileNotFoundError: if a path does not exist.
     """
-    notebooks: list[Path] = []
+    from attention_course.grading.feedback import file_stem
+
+    scan = Scan()
+    candidates: list[tuple[str, Path]] = []  # (student, notebook)
     for path in paths:
-        if path.is_dir():
-            notebooks += sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
-        elif path.is_file():
-            notebooks.append(path)
+        if path.is_file() or (path.is_symlink() and not path.is_dir()):
+            nbgrader_layout = path.parent.name == assignment_id and path.stem == assignment_id
+            candidates.append((path.parent.parent.name if nbgrader_layout else path.stem, path))
+        elif path.is_dir():
+            candidates += [(notebook.stem, notebook) for notebook in sorted(path.glob("*.ipynb"))]
+            own = path / assignment_id / f"{assignment_id}.ipynb"
+            if own.exists() or own.is_symlink():
+                candidates.append((Path(os.path.abspath(path)).name, own))
+            for student in sorted(path.iterdir()):
+                notebook = student / assignment_id / f"{assignment_id}.ipynb"
+                if student.name != assignment_id and (notebook.exists() or notebook.is_symlink()):
+                    candidates.append((student.name, notebook))
         else:
             raise FileNotFoundError(path)
-    found: dict[str, Path] = {}
-    for notebook in notebooks:
-        nbgrader_layout = notebook.parent.name == assignment_id and notebook.stem == assignment_id
-        student = notebook.parent.parent.name if nbgrader_layout else notebook.stem
-        name, n = student, 2
-        while name in found:
-            name, n = f"{student}-{n}", n + 1
-        found[name] = notebook
-    return found
+    by_student: dict[str, list[Path]] = {}
+    for student, notebook in candidates:
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in student)  # safe on a terminal
+        problem = student_id_problem(student)
+        if problem:
+            scan.refused[shown] = f"the student id is {problem}"
+        elif any(part.is_symlink() for part in (notebook, notebook.parent, notebook.parent.parent)):
+            scan.refused[shown] = f"{notebook}: a symbolic link (to a file that may not be the learner's)"
+        else:
+            by_student.setdefault(student, []).append(notebook)
+    stems: dict[str, list[str]] = {}
+    for student in by_student:
+        stems.setdefault(file_stem(student), []).append(student)
+    for student, notebooks in by_student.items():
+        same_page = stems[file_stem(student)]
+        if len(notebooks) > 1:
+            scan.refused[student] = (
+                f"{len(notebooks)} notebooks have this student id: {', '.join(map(str, notebooks))}"
+            )
+        elif len(same_page) > 1:
+            others = ", ".join(repr(other) for other in same_page if other != student)
+            scan.refused[student] = f"its feedback page would overwrite that of {others}"
+        else:
+            scan.found[student] = notebooks[0]
+    return scan
+
+
+def find_submissions(paths: Sequence[Path], assignment_id: str) -> dict[str, Path]:
+    """``{student: notebook}`` for the notebooks under ``paths`` that are graded (:func:`scan_submissions`).
+
+    Raises:
+        FileNotFoundError: if a path does not exist.
+    """
+    return scan_submissions(paths, assignment_id).found
 
 
 def parser() -> argparse.ArgumentParser:
@@ -125,14 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     root = course_root(arguments.course)
     try:
-        submissions = find_submissions(arguments.submissions, arguments.assignment)
+        scan = scan_submissions(arguments.submissions, arguments.assignment)
     except FileNotFoundError as missing:
         parser().error(f"no such file or folder: {missing}")
-    if not submissions:
+    if not scan.found and not scan.refused:
         parser().error("no notebooks found")
     request = Request(
         assignment=arguments.assignment,
-        submissions=submissions,
+        submissions=scan.found,
+        refused=scan.refused,
         root=root,
         out=arguments.out or root / "grading-report" / arguments.assignment,
         jobs=max(1, arguments.jobs),

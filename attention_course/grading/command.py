@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attention_course.grading.sandbox import DEFAULT_LIMITS, Limits
@@ -39,6 +39,8 @@ class Request:
         scheduler: ``None`` (this machine), ``local:N`` or a Dask scheduler's address.
         gradebook: ``None`` (no gradebook), ``""`` (the course's own) or an SQLAlchemy URL.
         formats: the platforms' formats to write too (``gradescope``, ``github-classroom``).
+        refused: ``{what: why}`` for notebooks found but not graded (see
+            :func:`~attention_course.grading.cli.scan_submissions`); listed in the report and on the console.
     """
 
     assignment: str
@@ -51,6 +53,7 @@ class Request:
     scheduler: str | None = None
     gradebook: str | None = None
     formats: tuple[str, ...] = ()
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 def run(request: Request) -> int:
@@ -94,7 +97,7 @@ def run(request: Request) -> int:
         from attention_course.grading.feedback import write_feedback
         from attention_course.grading.gradebook import GradebookError, GradebookWriter, course
         from attention_course.grading.reports import summarise, write_reports
-        from attention_course.grading.submission import MAX_NOTEBOOK_BYTES, Job, assignment_context
+        from attention_course.grading.submission import Job, assignment_context, read_regular_file
 
         gc.freeze()
         if collecting:
@@ -120,9 +123,12 @@ def run(request: Request) -> int:
             stack.callback(writer.close)
 
         def content(path: Path) -> bytes | None:  # workers elsewhere cannot read this machine's files
-            if not backend.ships_notebooks or path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            if not backend.ships_notebooks:
                 return None
-            return path.read_bytes()
+            try:
+                return read_regular_file(path)
+            except ValueError:  # the worker refuses it again, with the reason
+                return None
 
         batch = [
             Job(request.assignment, s, path, request.root, request.limits, request.mode, content(path))
@@ -162,15 +168,18 @@ def run(request: Request) -> int:
         "isolation": backend.isolation,
         "scheduler": request.scheduler or "local",
         "workers": backend.workers,
+        "refused": request.refused,
     }
     write_reports(results, request.assignment, out, settings)
     write_feedback(results, out / "feedback")
     for name in request.formats:
         formats.write_format(name, results, out)
     summarise(results, console)
+    for what, why in request.refused.items():
+        console.print(f"not graded: {what}: {why}", highlight=False, markup=False)
     elapsed = time.monotonic() - started
     console.print(
-        f"{len(results)} submission(s) in {elapsed:.1f} s ({elapsed / len(results):.2f} s each); "
+        f"{len(results)} submission(s) in {elapsed:.1f} s ({elapsed / max(1, len(results)):.2f} s each); "
         f"reports: {out / 'report.json'}, {out / 'report.csv'}; feedback: {out / 'feedback'}",
         highlight=False,
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import datetime
 import hashlib
 import os
 import shutil
@@ -42,7 +43,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from attention_course.grading.feedback import CellFeedback, cells_for_learner
-from attention_course.grading.submission import SubmissionResult
+from attention_course.grading.submission import SubmissionResult, read_regular_file
 
 #: the PostgreSQL advisory lock that serialises the writers of one gradebook (any 64-bit number of our own)
 LOCK_KEY = int.from_bytes(hashlib.sha256(b"attention-grade gradebook").digest()[:8], "big", signed=True)
@@ -135,6 +136,22 @@ def _write_atomically(path: Path, notebook: NotebookNode) -> None:
     with os.fdopen(handle, "w", encoding="utf-8") as stream:
         nbformat.write(notebook, stream)
     os.replace(temporary, path)
+
+
+def submission_timestamp(result: SubmissionResult) -> datetime.datetime | None:
+    """When the submission was made: the ``timestamp.txt`` beside its notebook (nbgrader's ``collect``
+    writes it), parsed as nbgrader parses it, in UTC; ``None`` where there is none, or it is a symbolic link,
+    not a regular file, longer than a timestamp or not a time."""
+    from nbgrader import utils
+
+    path = Path(result.path).parent / "timestamp.txt"
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        text = read_regular_file(path, limit=256).decode("utf-8").strip()
+        return utils.parse_utc(text)
+    except (ValueError, OverflowError, UnicodeDecodeError):
+        return None
 
 
 class GradebookWriter:
@@ -274,17 +291,17 @@ class GradebookWriter:
                 result.student, self.assignment_id
             )
             _write_atomically(folder / f"{self.assignment_id}.ipynb", notebook)
-            timestamp = Path(result.path).parent / "timestamp.txt"
-            if timestamp.is_file():
-                shutil.copy(timestamp, folder / "timestamp.txt")
+            timestamp = submission_timestamp(result)
+            if timestamp is not None:  # written from the parsed time, never copied from the learner's file
+                (folder / "timestamp.txt").write_text(f"{timestamp:%Y-%m-%d %H:%M:%S.%f} UTC")
         self._retrying(lambda: self._write(result, notebook))
         return True
 
     def _write(self, result: SubmissionResult, notebook: NotebookNode | None) -> None:
         from nbgrader import utils
 
-        timestamp = Path(result.path).parent / "timestamp.txt"
-        fields = {"timestamp": timestamp.read_text().strip()} if timestamp.is_file() else {}
+        timestamp = submission_timestamp(result)
+        fields = {"timestamp": timestamp} if timestamp is not None else {}
         feedback = {cell.grade_id: cell for cell in cells_for_learner(result)}
         with warnings.catch_warnings(), self._gradebook() as gradebook:
             # nbgrader's add_submission builds its rows in an order SQLAlchemy warns about (harmlessly)

@@ -12,9 +12,13 @@ servers (:func:`default_sandbox`, when the caller passes none).
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
+import json
+import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -168,13 +172,54 @@ def read_submission(
     Raises:
         ValueError, OSError: if the file is too large or not a notebook.
     """
-    size = len(content) if content is not None else path.stat().st_size
-    if size > MAX_NOTEBOOK_BYTES:
-        raise ValueError(f"the file has more than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
     if content is None:
-        content = path.read_bytes()
-    submission = nbformat.reads(content.decode("utf-8"), as_version=4)
+        content = read_regular_file(path)
+    if len(content) > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"the file has more than {MAX_NOTEBOOK_BYTES // 2**20} MiB")
+    # the messages say what is wrong and where, never what the file holds (it may be another file's content)
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"the file is not UTF-8 text (byte {error.start})") from None
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"the file is not JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+        ) from None
+    except RecursionError:
+        raise ValueError("the file's JSON is nested too deeply") from None
+    try:
+        submission = nbformat.reads(text, as_version=4)
+    except Exception as error:
+        raise ValueError(f"the file is JSON but not a Jupyter notebook ({type(error).__name__})") from None
     return recover_metadata(submission, master)
+
+
+def read_regular_file(path: Path, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes, opened without following a symbolic
+    link and without blocking (a FIFO).
+
+    Raises:
+        ValueError: if ``path`` is a symbolic link, not a regular file (a FIFO, a device, a folder), larger
+            than ``limit`` or cannot be opened; the message never quotes the file.
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError("the notebook is a symbolic link, which the grader does not follow") from None
+        raise ValueError(f"the notebook cannot be opened: {os.strerror(error.errno or 0)}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise ValueError("the notebook is not a regular file (a FIFO, a device or a folder)")
+        if status.st_size > limit:
+            raise ValueError(f"the file has more than {limit // 2**20} MiB")
+        content = handle.read(limit + 1)
+    if len(content) > limit:
+        raise ValueError(f"the file has more than {limit // 2**20} MiB")
+    return content
 
 
 def _judge(plans: split.Plans, session: Path, key: bytes, executed: nbformat.NotebookNode) -> dict:
