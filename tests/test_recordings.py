@@ -91,3 +91,30 @@ def test_a_changed_blob_is_refused(tmp_path):
     (tmp_path / "r.safetensors").write_bytes(forged)
     with pytest.raises(RecordingError, match="not the ones"):
         recorder.load(tmp_path / "r")
+
+
+def _sealed_recording(session, key: bytes, stem: str, body: bytes) -> None:
+    """A recording ``stem`` (``<cell>-<behaviour>-<part>``) with the JSON ``body``, sealed with ``key``."""
+    from attention_course.grading import seals
+
+    folder = session / "recordings"
+    folder.mkdir(parents=True, exist_ok=True)
+    blob = safetensors.torch.save({"float32": torch.zeros(1)})
+    (folder / f"{stem}.safetensors").write_bytes(blob)
+    (folder / f"{stem}.json").write_bytes(body)
+    files = [folder / f"{stem}{suffix}" for suffix in seals.SUFFIXES]
+    (folder / f"{stem}.seal").write_text(seals._seal(key, stem, files))
+
+
+def test_a_recording_nested_deeper_than_python_fails_its_cell_not_the_grader(tmp_path):
+    """JSON nested 50,000 deep makes ``json.loads`` raise RecursionError: the cell fails, saying so."""
+    from attention_course.grading import split
+    from attention_course.registry import ASSIGNMENTS
+
+    plans = split.make_plans(ASSIGNMENTS["ex02_scaled_dot_product"])
+    key = b"k" * 32
+    name = "softmax_sums_to_one"
+    _sealed_recording(tmp_path, key, f"3-{name}-visible", b"[" * 50_000 + b"]" * 50_000)
+    verdict = split.judge_parts(plans, name, tmp_path, key, cell=3)
+    assert verdict is not None and verdict.part == "visible"
+    assert "does not decode (RecursionError)" in verdict.failure.message

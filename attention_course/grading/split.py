@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attention_course.checks.engine import Behaviour, Check, CheckFailure, Learner, Outcome
 from attention_course.grading import seals
 from attention_course.grading.recorder import FORMAT, RecordingError, decode_outcome, load, write_calls
@@ -106,6 +108,11 @@ def judge_parts(plans: Plans, name: str, session: Path, key: bytes, *, cell: int
     and how.
 
     The visible part is judged first, then the hidden part, as a test cell runs them.
+
+    Everything in a recording comes from the learner's kernel, so nothing in it may stop the grader: a
+    recording that does not decode (JSON nested thousands deep included) or that the judge cannot compare
+    (a tensor on the ``meta`` device, which has a shape and no values) fails its cell with a message saying
+    so, never the batch with a "grader error".
     """
     behaviour = plans.behaviours[name]
     for part in PARTS:
@@ -113,11 +120,39 @@ def judge_parts(plans: Plans, name: str, session: Path, key: bytes, *, cell: int
             learner, outcomes = read_recording(session, key, cell=cell, name=name, part=part)
         except RecordingError as error:
             return Verdict(part, CheckFailure(f"the {part} part of {name} could not be judged: {error}."))
+        except (RecursionError, MemoryError, ValueError, TypeError, KeyError, IndexError) as error:
+            why = f"the recording does not decode ({type(error).__name__})"
+            return Verdict(part, CheckFailure(f"the {part} part of {name} could not be judged: {why}."))
         try:
             behaviour.judge(plans.checks[(name, part)], learner, outcomes)
         except CheckFailure as failure:
             return Verdict(part, failure)
+        except Exception as error:  # the judge met a value it cannot compare
+            return Verdict(part, CheckFailure(_not_comparable(name, part, outcomes, error)))
     return None
+
+
+def _not_comparable(name: str, part: str, outcomes: list[Outcome], error: Exception) -> str:
+    """The message of a cell whose recorded results the judge could not compare."""
+    if any(_holds_meta_tensor(outcome) for outcome in outcomes):
+        why = "the function returned a tensor on the meta device, which has a shape but no values"
+    else:
+        why = f"its results could not be compared with the reference ({type(error).__name__})"
+    return f"the {part} part of {name} could not be judged: {why}."
+
+
+def _holds_meta_tensor(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "meta"
+    if depth > 20:
+        return False
+    if isinstance(value, dict):
+        return any(_holds_meta_tensor(item, depth + 1) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_meta_tensor(item, depth + 1) for item in value)
+    if hasattr(value, "__dataclass_fields__"):
+        return any(_holds_meta_tensor(getattr(value, f), depth + 1) for f in value.__dataclass_fields__)
+    return False
 
 
 def judge_cell(plans: Plans, name: str, session: Path, key: bytes, *, cell: int) -> CheckFailure | None:

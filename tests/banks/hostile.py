@@ -240,6 +240,16 @@ IGNORE_INTERRUPTS = _code(
         time.sleep(0.05)
     """
 )
+# right-shaped tensors on the meta device: shapes and dtypes to compare, no values
+META_SOFTMAX = _code(
+    """
+    import torch
+
+
+    def softmax(x, dim=-1):
+        return torch.empty_like(x, device="meta")
+    """
+)
 AFTER_SOFTMAX_TESTS = "after:softmax_from_scratch"
 
 HOSTILE: tuple[Hostile, ...] = (
@@ -329,6 +339,8 @@ HOSTILE: tuple[Hostile, ...] = (
         functions={"softmax": "def softmax(x, dim=-1):\n    return torch.softmax(x, dim).numpy()"},
     ),
     Hostile("returns-none", None, functions={"softmax": "def softmax(x, dim=-1):\n    return None"}),
+    # attention's shapes cell (1 point) and the variance (3) pass, as in nbgrader; no cell can compare values
+    Hostile("returns-meta-tensors", VARIANCE + 1, message="meta device", functions={"softmax": META_SOFTMAX}),
     Hostile(
         "imports-solutions",
         WITHOUT_SOFTMAX,
