@@ -101,3 +101,34 @@ def test_pages_are_written_per_student(tmp_path):
 def test_a_postgresql_url_gets_the_driver_the_grading_extra_installs():
     assert with_driver("postgresql://grader@db/attention") == "postgresql+psycopg://grader@db/attention"
     assert with_driver("sqlite:///gradebook.db") == "sqlite:///gradebook.db"
+
+
+def test_learner_text_is_cleaned_once_for_every_output():
+    """Escape sequences (a colour, an OSC 52 clipboard write, a screen clear), control characters, bidi
+    overrides and lone surrogates in what a learner's code raised never reach a console, a report or a
+    page: the results clean them where they are made."""
+    raised = "Error\x1b]52;c;cm0gLXJmIH4=\x07 at \x1b[2J\x1b[31mred\x1b[0m \u202eevil\x00 \udcff\ttab\nline"
+    cell = CellResult("softmax_sums_to_one", "auto", 0.0, 1.0, "failed", raised, "visible", raised)
+    submission = SubmissionResult("ada", "a.ipynb", "graded", 1.0, [cell], raised, [raised], ASSIGNMENT)
+    for text in (cell.message, cell.cause, submission.message, *submission.warnings):
+        assert text == "Error at red evil \ufffd\ttab\nline", repr(text)
+        text.encode("utf-8")  # no surrogate left
+
+
+def test_markdown_feedback_keeps_learner_text_inert():
+    """A message holding fences of both kinds stays inside its code block, and links or images in a note
+    or a student's name are shown as text (parsed with markdown-it, CommonMark's reference behaviour)."""
+    from markdown_it import MarkdownIt
+
+    breakout = "```\n~~~\n[click](http://evil.example) ![img](http://evil.example/x.png)\n````\n# heading"
+    cells = [CellResult("softmax_sums_to_one", "auto", 0.0, 1.0, "failed", breakout, "visible")]
+    note = "see [this](http://evil.example) and ![that](http://evil.example/y.png)"
+    submission = SubmissionResult(
+        "[ada](http://evil.example)", "a.ipynb", "graded", 1.0, cells, "", [note], ASSIGNMENT
+    )
+    tokens = MarkdownIt("commonmark").enable("table").parse(markdown_page(submission))
+    fences = [token for token in tokens if token.type == "fence"]
+    assert [fence.content.rstrip("\n") for fence in fences] == [cells[0].message]
+    inline = [child for token in tokens if token.children for child in token.children]
+    assert not [child for child in inline if child.type in ("link_open", "image")]
+    assert not [token for token in tokens if token.type == "heading_open" and token.markup == "#"][1:]

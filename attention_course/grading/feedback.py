@@ -229,17 +229,31 @@ def html_page(result: SubmissionResult) -> str:
 
 
 def _cell(text: str) -> str:
-    """``text`` in one cell of a Markdown table."""
+    """The course's ``text`` (a check's description) in one cell of a Markdown table."""
     return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|")
+
+
+def _plain(text: str) -> str:
+    """Text that may come from a learner (a name, a note quoting an error) on one line of Markdown, or in a
+    table's cell: shown as it is, whatever Markdown it holds (a link, an image, emphasis, a bar), each such
+    character escaped with a backslash."""
+    return re.sub(r"([\\`*_\[\]()!|#~<>])", r"\\\1", " ".join(text.split()))
+
+
+def _fence(text: str) -> str:
+    """A code fence that ``text`` cannot close: backticks, one more than its longest run of them (CommonMark
+    closes a fence only with one of the same character at least as long)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def markdown_page(result: SubmissionResult) -> str:
     """The Markdown feedback of ``result`` (GitHub's flavour: tables and fenced blocks)."""
     s, cells = _summary(result), cells_for_learner(result)
-    lines = [f"# {s['title']}", "", f"Feedback for **{_cell(s['student'])}** (`{s['assignment']}`)", ""]
+    lines = [f"# {s['title']}", "", f"Feedback for **{_plain(s['student'])}** (`{s['assignment']}`)", ""]
     manual = f"; {s['manual']} more for written answers, graded by hand" if s["manual"] else ""
     lines += [f"**{s['score']} / {s['max_score']}** automatic points{manual}.", ""]
-    lines += [f"> {_cell(note)}\n" for note in [s["note"], *s["warnings"]] if note]
+    lines += [f"> {_plain(note)}\n" for note in [s["note"], *s["warnings"]] if note]
     lines += ["| test cell | what it checks | points | result |", "|---|---|---:|---|"]
     for cell in cells:
         lines.append(
@@ -250,7 +264,7 @@ def markdown_page(result: SubmissionResult) -> str:
         lines += ["", "## What to look at"]
     for cell in failing:
         lines += ["", f"### `{cell.grade_id}` ({cell.points_text})", ""]
-        fence = "~~~~" if "```" in cell.text else "```"
+        fence = _fence(cell.text)
         lines += [cell.text] if cell.withheld else [f"{fence}text", cell.text, fence]
     return "\n".join(lines) + "\n"
 

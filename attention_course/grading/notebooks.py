@@ -249,8 +249,32 @@ class CellResult:
     cause: str = ""
     raised: bool = False
 
+    def __post_init__(self) -> None:
+        # a message quotes what the learner's code raised or printed: cleaned here, once, for every output
+        self.message, self.cause = clean_text(self.message), clean_text(self.cause)
+
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+#: terminal escape sequences (CSI, OSC, and single-character ones), then the remaining control characters but
+#: tab and new line, and the bidirectional overrides that make text read other than it is
+_UNSAFE_TEXT = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
+)
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` from a learner's kernel, safe to print on a terminal, to write to any file and to show:
+    escape sequences (colours, titles, clipboard writes, disguised links), control characters but tab and
+    new line, and bidirectional overrides removed; lone surrogates and other text that is not UTF-8
+    replaced by U+FFFD."""
+    if not text:
+        return text
+    return _SURROGATE.sub("\ufffd", _UNSAFE_TEXT.sub("", text))
 
 
 def _error_text(output: NotebookNode) -> str:

@@ -28,7 +28,14 @@ import nbformat
 
 from attention_course.grading import split
 from attention_course.grading.execute import Execution, execute
-from attention_course.grading.notebooks import CellResult, master_notebook, prepare, recover_metadata, score
+from attention_course.grading.notebooks import (
+    CellResult,
+    clean_text,
+    master_notebook,
+    prepare,
+    recover_metadata,
+    score,
+)
 from attention_course.grading.sandbox import (
     DEFAULT_LIMITS,
     Limits,
@@ -97,6 +104,9 @@ class SubmissionResult:
     assignment: str = ""
     mode: str = "split"
     notebook: nbformat.NotebookNode | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.message, self.warnings = clean_text(self.message), [clean_text(w) for w in self.warnings]
 
     @property
     def score(self) -> float:
