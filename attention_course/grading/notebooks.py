@@ -88,8 +88,9 @@ def _restored_cell(source: NotebookNode) -> NotebookNode:
 def prepare(submission: NotebookNode, master: NotebookNode) -> NotebookNode:
     """Sanitize a submission as ``nbgrader autograde`` does before executing it.
 
-    Outputs are cleared, duplicated grade ids dropped, the kernelspec, cell types, points and locked
-    cells restored from ``master``, and deleted grade cells added back (``add_missing_cells = True`` in
+    Outputs are cleared, duplicated grade ids dropped, the kernelspec, cell types, the ``locked``, ``grade``
+    and ``solution`` flags, points and locked cells restored from ``master``, and deleted grade cells added
+    back (``add_missing_cells = True`` in
     the course's ``nbgrader_config.py``). Test cells thereby get their hidden tests back.
     """
     notebook = copy.deepcopy(submission)
@@ -108,9 +109,18 @@ def prepare(submission: NotebookNode, master: NotebookNode) -> NotebookNode:
             continue
         if cell.cell_type != source.cell_type:
             _convert_cell_type(cell, source.cell_type)
-        cell.metadata.nbgrader["locked"] = utils.is_locked(source)
-        if utils.is_grade(cell) and utils.is_grade(source):
+        # every flag from the assignment: a test cell turned into a solution cell (its grade flag off, so
+        # that nbgrader would not restore it) is a test cell again, with its source and its points
+        for flag, value in (
+            ("locked", utils.is_locked(source)),
+            ("grade", utils.is_grade(source)),
+            ("solution", utils.is_solution(source)),
+        ):
+            cell.metadata.nbgrader[flag] = value
+        if utils.is_grade(source):
             cell.metadata.nbgrader["points"] = float(source.metadata.nbgrader["points"])
+        else:
+            cell.metadata.nbgrader.pop("points", None)
         cell.metadata.nbgrader["checksum"] = source.metadata.nbgrader["checksum"]
         if utils.is_locked(source) and utils.compute_checksum(cell) != source.metadata.nbgrader["checksum"]:
             cell.source = source.source

@@ -64,6 +64,16 @@ def _edited_test_cells(notebook):
     return notebook
 
 
+def _unlocked_test_cells(notebook):
+    """Test cells made editable solution cells (nbgrader's flags off), then emptied."""
+    for cell in notebook.cells:
+        nbgrader = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and nbgrader.get("grade"):
+            nbgrader.update(locked=False, grade=False, solution=True)
+            cell.source = "pass  # nothing to check here"
+    return notebook
+
+
 def _other_kernel(notebook):
     notebook.metadata["kernelspec"] = {"name": "evil", "display_name": "Evil", "language": "python"}
     return notebook
@@ -362,6 +372,7 @@ HOSTILE: tuple[Hostile, ...] = (
     Hostile("deletes-test-cells", FULL, edit=_without_test_cells),
     Hostile("duplicates-test-cells", FULL, edit=_duplicated_test_cells),
     Hostile("edits-test-cells", FULL, edit=_edited_test_cells),
+    Hostile("unlocks-and-edits-test-cells", FULL, edit=_unlocked_test_cells),
     Hostile("changes-the-kernel-spec", FULL, edit=_other_kernel),
     Hostile("strips-nbgrader-metadata", FULL, edit=_stripped_metadata),
     Hostile("duplicates-a-solution-cell", FULL, edit=_duplicated_solution_cell),
