@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from attention_course.grading.submission import SubmissionResult
@@ -56,15 +57,26 @@ def summarise(results: list[SubmissionResult], console: Console) -> None:
         table.add_column(column, justify="right" if column in ("score", "seconds") else "left")
     for result in results:
         table.add_row(
-            result.student, f"{result.score:g} / {result.max_score:g}", result.status, f"{result.seconds:.1f}"
+            escape(result.student),
+            f"{result.score:g} / {result.max_score:g}",
+            result.status,
+            f"{result.seconds:.1f}",
         )
     console.print(table)
     for result in results:
         for warning in result.warnings:
-            console.print(f"[bold]{result.student}[/bold]: warning: {warning}", highlight=False)
+            console.print(
+                f"[bold]{escape(result.student)}[/bold]: warning: {escape(warning)}", highlight=False
+            )
+        if result.review:  # its "from scratch" points are withheld until someone reads these lines
+            console.print(f"[bold]{escape(result.student)}[/bold]: needs review:", highlight=False)
+            for line in result.review:
+                console.print(f"  {line}", highlight=False, markup=False)
         failing = [cell for cell in result.cells if cell.kind == "auto" and cell.status != "passed"]
         if failing:
-            console.print(f"[bold]{result.student}[/bold]: {len(failing)} failing cell(s)", highlight=False)
+            console.print(
+                f"[bold]{escape(result.student)}[/bold]: {len(failing)} failing cell(s)", highlight=False
+            )
             for cell in failing:
                 first = cell.message.splitlines()[0] if cell.message else ""
                 console.print(f"  {cell.grade_id} ({cell.status}): {first}", highlight=False, markup=False)

@@ -12,6 +12,7 @@ servers (:func:`default_sandbox`, when the caller passes none).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import errno
 import functools
 import json
@@ -36,6 +37,7 @@ from attention_course.grading.notebooks import (
     recover_metadata,
     score,
 )
+from attention_course.grading.review import Finding, review
 from attention_course.grading.sandbox import (
     DEFAULT_LIMITS,
     Limits,
@@ -104,6 +106,7 @@ class SubmissionResult:
     assignment: str = ""
     mode: str = "split"
     notebook: nbformat.NotebookNode | None = field(default=None, repr=False)
+    review: list[str] = field(default_factory=list)  # lines an instructor should read (grading.review)
 
     def __post_init__(self) -> None:
         self.message, self.warnings = clean_text(self.message), [clean_text(w) for w in self.warnings]
@@ -129,6 +132,7 @@ class SubmissionResult:
             "score": self.score,
             "max_score": self.max_score,
             "manual_max_score": sum(cell.max_points for cell in self.cells if cell.kind == "manual"),
+            "needs_review": self.review,
             "cells": [cell.as_dict() for cell in self.cells],
         }
 
@@ -264,7 +268,9 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
     start = time.monotonic()
     context = assignment_context(job.assignment, job.root, job.mode)
 
-    def result(status: str, cells: list[CellResult], message: str = "", warnings=(), notebook=None):
+    def result(
+        status: str, cells: list[CellResult], message: str = "", warnings=(), notebook=None, review=()
+    ):
         return SubmissionResult(
             job.student,
             str(job.path),
@@ -276,6 +282,7 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
             job.assignment,
             job.mode,
             notebook,
+            list(review),
         )
 
     try:
@@ -284,6 +291,7 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
     except Exception as error:  # not a notebook, broken JSON, too large, ...
         cells = score(nbformat.v4.new_notebook(), context.master, stopped="the notebook could not be read")
         return result("unreadable", cells, f"{type(error).__name__}: {str(error)[:500]}")
+    findings = review(prepared)
     solutions = solutions_folder(job.root) if job.mode == "together" else None
     sandbox = sandbox or default_sandbox(solutions, job.limits)
     key = secrets.token_bytes(32)
@@ -328,4 +336,31 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
         )
     finally:
         release_folder(private)
-    return result(status, cells, message, warnings, execution.notebook)
+    if findings:
+        cells = withhold_from_scratch(cells, findings)
+    return result(status, cells, message, warnings, execution.notebook, [str(f) for f in findings])
+
+
+def is_from_scratch(grade_id: str) -> bool:
+    """Whether test cell ``grade_id`` checks that a function is written from scratch (the course names every
+    such cell ``*_from_scratch``): what it observes, the calls, is what a learner's process can fake."""
+    return grade_id.endswith("_from_scratch")
+
+
+def withhold_from_scratch(cells: list[CellResult], findings: list[Finding]) -> list[CellResult]:
+    """``cells`` with the points of the "from scratch" cells withheld (0, "failed") for an instructor's
+    review, because of ``findings`` (:func:`~attention_course.grading.review.review`)."""
+    reasons = "; ".join(
+        dict.fromkeys(f"line {f.line} of cell {f.cell + 1}: {f.reason}" for f in findings[:3])
+    )
+    more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
+    message = (
+        "needs review: the points of this cell are withheld until an instructor has read your code, whose "
+        f"calls the grader cannot observe reliably: {reasons}{more}."
+    )
+    return [
+        dataclasses.replace(cell, points=0.0, status="failed", message=message)
+        if cell.kind == "auto" and is_from_scratch(cell.grade_id) and (cell.points or 0) > 0
+        else cell
+        for cell in cells
+    ]

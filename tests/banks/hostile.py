@@ -260,6 +260,18 @@ META_SOFTMAX = _code(
         return torch.empty_like(x, device="meta")
     """
 )
+# code whose calls the recorder cannot observe reliably: the functions are right, the "from scratch" points
+# (softmax's and attention's, 2) are withheld for an instructor's review (attention_course.grading.review)
+FROM_C_SOFTMAX = _code(
+    """
+    import torch
+
+
+    def softmax(x, dim=-1):
+        return next(map(torch.softmax, [x], [dim]))
+    """
+)
+REVIEWED = FULL - 2
 AFTER_SOFTMAX_TESTS = "after:softmax_from_scratch"
 
 HOSTILE: tuple[Hostile, ...] = (
@@ -369,6 +381,25 @@ HOSTILE: tuple[Hostile, ...] = (
         "kills-its-parent", FULL, cells=((AFTER_SOFTMAX_TESTS, "import os\n\nos.kill(os.getppid(), 9)"),)
     ),
     Hostile("kills-every-process", FULL, cells=((AFTER_SOFTMAX_TESTS, "import os\n\nos.kill(-1, 9)"),)),
+    Hostile("calls-softmax-from-c", REVIEWED, message="needs review", functions={"softmax": FROM_C_SOFTMAX}),
+    Hostile(
+        "hooks-ipython-events",
+        REVIEWED,
+        message="needs review",
+        cells=(("setup", 'get_ipython().events.register("post_run_cell", lambda result: None)'),),
+    ),
+    Hostile(
+        "starts-a-thread",
+        REVIEWED,
+        message="needs review",
+        cells=(("setup", "import threading\n\nthreading.Thread(target=lambda: None).start()"),),
+    ),
+    Hostile(
+        "assigns-to-the-recorder",
+        REVIEWED,
+        message="needs review",
+        cells=(("setup", "from attention_course.grading import recorder\n\nrecorder.save = recorder.save"),),
+    ),
     Hostile("deletes-test-cells", FULL, edit=_without_test_cells),
     Hostile("duplicates-test-cells", FULL, edit=_duplicated_test_cells),
     Hostile("edits-test-cells", FULL, edit=_edited_test_cells),
