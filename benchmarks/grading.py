@@ -26,14 +26,12 @@ submissions, run by that Python. For the grader as it was before the fork server
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -41,45 +39,32 @@ import nbformat
 from rich.console import Console
 from rich.table import Table
 
-from attention_course.registry import ASSIGNMENTS
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from attention_course.registry import ASSIGNMENTS  # noqa: E402
+from tests.notebook_tools import fill_solutions, load_exercise, reference_sources  # noqa: E402
+
 ENVIRONMENT = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
-def _filled(release: nbformat.NotebookNode, sources: dict[str, str]) -> nbformat.NotebookNode:
-    notebook = nbformat.from_dict(release)
-    for cell in notebook.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and meta.get("solution") and not meta.get("grade"):
-            name = cell.source.split("def ", 1)[1].split("(", 1)[0] if "def " in cell.source else None
-            if name in sources:
-                cell.source = sources[name]
-    return notebook
-
-
 def make_course(assignment_id: str, count: int, folder: Path) -> None:
-    """A scratch course with the assignment generated and ``count`` submissions in submitted/."""
+    """A scratch course with the assignment generated and ``count`` submissions in submitted/: the i-th has
+    the first ``i mod (n + 1)`` of the assignment's ``n`` answers (functions or classes) written."""
     assignment = ASSIGNMENTS[assignment_id]
     shutil.copy(ROOT / "nbgrader_config.py", folder)
     assignment.source(folder).parent.mkdir(parents=True)
     shutil.copy(assignment.source(ROOT), assignment.source(folder))
     run([sys.executable, "-m", "nbgrader", "generate_assignment", assignment_id, "--force"], folder)
     release = nbformat.read(assignment.release(folder), as_version=4)
-    reference = __import__(assignment.reference, fromlist=["_"])
-    names = [
-        cell.source.split("def ", 1)[1].split("(", 1)[0]
-        for cell in release.cells
-        if cell.cell_type == "code"
-        and cell.metadata.get("nbgrader", {}).get("solution")
-        and "def " in cell.source
-    ]
-    sources = {name: textwrap.dedent(inspect.getsource(getattr(reference, name))) for name in names}
+    exercise = load_exercise(assignment_id)
+    sources = reference_sources(exercise)  # the answers, found with ast: functions and classes alike
+    names = list(exercise.functions)
     for i in range(count):
-        solved = names[: i % (len(names) + 1)]  # 0, 1, ..., all functions written, then again
+        solved = names[: i % (len(names) + 1)]  # 0, 1, ..., all answers written, then again
         path = folder / "submitted" / f"student{i:02d}" / assignment_id / f"{assignment_id}.ipynb"
         path.parent.mkdir(parents=True)
-        nbformat.write(_filled(release, {name: sources[name] for name in solved}), path)
+        nbformat.write(fill_solutions(release, {name: sources[name] for name in solved}), path)
 
 
 def _busy_seconds() -> float | None:
