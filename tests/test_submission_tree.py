@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +20,7 @@ import pytest
 
 from attention_course.grading.cli import main, scan_submissions, student_id_problem
 from attention_course.grading.gradebook import submission_timestamp
-from attention_course.grading.submission import read_regular_file, read_submission
+from attention_course.grading.submission import MAX_CELLS, read_regular_file, read_submission
 from tests.notebook_tools import ROOT, fill_solutions, load_exercise, reference_sources
 
 ASSIGNMENT = "ex02_scaled_dot_product"
@@ -173,3 +174,35 @@ def test_the_command_grades_the_others_and_lists_what_it_refused(tmp_path, capsy
     assert list(report["refused"]) == ["thief"]
     assert "not graded: thief" in capsys.readouterr().out
     assert not (out / "feedback" / "thief.html").exists()
+
+
+def test_a_notebook_with_too_many_cells_is_refused_before_it_is_parsed(tmp_path):
+    many = tmp_path / "many.ipynb"
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell("x") for _ in range(MAX_CELLS + 1)]
+    )
+    nbformat.write(notebook, many)
+    with pytest.raises(ValueError, match="more than the"):
+        read_submission(many, EXERCISE.release_notebook())
+
+
+def test_a_deep_empty_tree_is_not_walked(tmp_path):
+    """A learner's folder 1,500 levels deep: the grader reads nbgrader's layout only, two levels."""
+    submit(tmp_path, "ada")
+    deep = "mallory" + "/d" * 1500  # os.makedirs would recurse 1,500 deep
+    subprocess.run(["mkdir", "-p", deep], cwd=tmp_path, check=True)
+    scan = scan_submissions([tmp_path], ASSIGNMENT)
+    assert list(scan.found) == ["ada"] and scan.refused == {}
+
+
+def test_a_page_that_cannot_be_written_stops_no_other(tmp_path):
+    from attention_course.grading.feedback import write_feedback
+    from attention_course.grading.notebooks import CellResult
+    from attention_course.grading.submission import SubmissionResult
+
+    cells = [CellResult("softmax_sums_to_one", "auto", 1.0, 1.0, "passed")]
+    results = [SubmissionResult(name, "a", "graded", 1.0, cells) for name in ("ada", "blocked", "grace")]
+    (tmp_path / "blocked.html").mkdir()  # a folder where the page goes: writing it fails
+    failed: dict[str, str] = {}
+    pages = write_feedback(results, tmp_path, failed)
+    assert [page.stem for page in pages] == ["ada", "grace"] and list(failed) == ["blocked"]

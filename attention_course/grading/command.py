@@ -171,10 +171,13 @@ def run(request: Request) -> int:
         "refused": request.refused,
     }
     write_reports(results, request.assignment, out, settings)
-    write_feedback(results, out / "feedback")
+    not_written: dict[str, str] = {}  # one student's page that cannot be written stops no other
+    write_feedback(results, out / "feedback", not_written)
     for name in request.formats:
-        formats.write_format(name, results, out)
+        formats.write_format(name, results, out, not_written)
     summarise(results, console)
+    for student, why in not_written.items():
+        console.print(f"not written: {student}: {why}", highlight=False, markup=False)
     for what, why in request.refused.items():
         console.print(f"not graded: {what}: {why}", highlight=False, markup=False)
     elapsed = time.monotonic() - started

@@ -275,14 +275,26 @@ def file_stem(student: str) -> str:
     return kept or "_"
 
 
-def write_feedback(results: Sequence[SubmissionResult], folder: Path) -> list[Path]:
-    """Write ``<folder>/<student>.html`` and ``.md`` for each submission; return the HTML pages."""
+def write_feedback(
+    results: Sequence[SubmissionResult], folder: Path, failed: dict[str, str] | None = None
+) -> list[Path]:
+    """Write ``<folder>/<student>.html`` and ``.md`` for each submission; return the HTML pages.
+
+    ``failed``: where given, a page that cannot be written is recorded there (``{student: why}``) and the
+    others are written; else the error is raised.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     pages = []
     for result in results:
-        stem = file_stem(result.student)
-        (folder / f"{stem}.md").write_text(markdown_page(result))
-        page = folder / f"{stem}.html"
-        page.write_text(html_page(result))
+        try:
+            stem = file_stem(result.student)
+            (folder / f"{stem}.md").write_text(markdown_page(result), encoding="utf-8")
+            page = folder / f"{stem}.html"
+            page.write_text(html_page(result), encoding="utf-8")
+        except Exception as error:
+            if failed is None:
+                raise
+            failed[result.student] = f"feedback: {type(error).__name__}: {error}"
+            continue
         pages.append(page)
     return pages

@@ -105,15 +105,24 @@ FORMATS = {
 }
 
 
-def write_format(name: str, results: Sequence[SubmissionResult], out: Path) -> list[Path]:
+def write_format(
+    name: str, results: Sequence[SubmissionResult], out: Path, failed: dict[str, str] | None = None
+) -> list[Path]:
     """Write format ``name`` (a key of :data:`FORMATS`): ``out/<file>`` for one submission, as the platform
-    expects it, else ``out/<student>/<file>`` for each."""
+    expects it, else ``out/<student>/<file>`` for each. ``failed``: as in
+    :func:`~attention_course.grading.feedback.write_feedback`."""
     file_name, make = FORMATS[name]
     written = []
     for result in results:
-        folder = out if len(results) == 1 else out / file_stem(result.student)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / file_name
-        path.write_text(json.dumps(make(result), indent=2) + "\n")
+        try:
+            folder = out if len(results) == 1 else out / file_stem(result.student)
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / file_name
+            path.write_text(json.dumps(make(result), indent=2) + "\n", encoding="utf-8")
+        except Exception as error:
+            if failed is None:
+                raise
+            failed[result.student] = f"{name}: {type(error).__name__}: {error}"
+            continue
         written.append(path)
     return written

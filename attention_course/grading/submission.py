@@ -50,6 +50,7 @@ from attention_course.grading.sandbox import (
 from attention_course.registry import ASSIGNMENTS
 
 MAX_NOTEBOOK_BYTES = 32 * 2**20  # a larger file is not read ("unreadable")
+MAX_CELLS = 2000  # nor a notebook with more cells (the assignments have about 30)
 
 #: a submission's status: how its grading went (the cells say what it earned)
 STATUSES = {
@@ -196,13 +197,16 @@ def read_submission(
     except UnicodeDecodeError as error:
         raise ValueError(f"the file is not UTF-8 text (byte {error.start})") from None
     try:
-        json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(
             f"the file is not JSON: {error.msg} (line {error.lineno}, column {error.colno})"
         ) from None
     except RecursionError:
         raise ValueError("the file's JSON is nested too deeply") from None
+    cells = data.get("cells") if isinstance(data, dict) else None
+    if isinstance(cells, list) and len(cells) > MAX_CELLS:  # before nbformat validates them all
+        raise ValueError(f"the notebook has {len(cells)} cells, more than the {MAX_CELLS} the grader reads")
     try:
         submission = nbformat.reads(text, as_version=4)
     except Exception as error:
