@@ -137,20 +137,25 @@ TRAINING_CHAPTERS = ("06_cross_attention", "07_transformer_block", "08_positions
 
 def _printed(notebook: nbformat.NotebookNode) -> list[list[str]]:
     """What each code cell printed or displayed as text, in order; cells tagged ``timing`` left out (they
-    print how long something took, which no two runs share)."""
+    print how long something took, which no two runs share).
+
+    Consecutive outputs of one stream are joined: how a kernel cuts what a cell prints into messages
+    depends on timing (a line and its new line can arrive apart on a busy machine), not on what it printed.
+    """
     texts = []
     for cell in notebook.cells:
         if cell.cell_type != "code" or "timing" in cell.metadata.get("tags", []):
             continue
-        texts.append(
-            [
-                output.get("text", "")
-                if output.output_type == "stream"
-                else output["data"].get("text/plain", "")
-                for output in cell.get("outputs", [])
-                if output.output_type == "stream" or "data" in output
-            ]
-        )
+        shown: list[tuple[str, str]] = []  # (stream name, or "" for a display; its text)
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                if shown and shown[-1][0] == output.get("name"):
+                    shown[-1] = (shown[-1][0], shown[-1][1] + output.get("text", ""))
+                else:
+                    shown.append((output.get("name", "stdout"), output.get("text", "")))
+            elif "data" in output:
+                shown.append(("", output["data"].get("text/plain", "")))
+        texts.append([text for _, text in shown])
     return texts
 
 

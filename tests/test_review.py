@@ -53,6 +53,7 @@ TRICKS = {
     "every subclass of object": ("c = ().__class__.__base__.__subclasses__()", 1, "__subclasses__"),
     "a function's globals": ("def f():\n    pass\ng = f.__globals__", 3, "__globals__"),
     "__import__": ("m = __import__('thr' + 'eading')", 1, "__import__"),
+    "__import__ of a literal name": ("m = __import__('threading')", 1, "imports threading"),
     "the profiler": ("import sys\nsys.setprofile(None)", 2, "sys.setprofile"),
     "the profiler, by import from": ("from sys import settrace", 1, "sys.settrace"),
     "ctypes": ("import ctypes", 1, "ctypes"),
@@ -96,6 +97,7 @@ def test_what_the_profiler_sees_is_not_flagged():
             "ok = isinstance(z, torch.Tensor)\n"
             "ws = list(map(lambda s: torch.softmax(s, -1), [z]))\n"
             "self.weight = torch.nn.Parameter(z)\n"
+            'print("debugging", file=__import__("sys").stderr)\n'
         )
         == []
     )

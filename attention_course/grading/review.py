@@ -13,7 +13,8 @@ listed as *needs review*, with the lines, for an instructor to decide.
 :func:`review` reads the code cells a learner wrote (solution cells and added cells; not test cells or locked
 cells, which the grader restores from the assignment) and reports:
 
-- dynamic code and lookups by name: ``exec``, ``eval``, ``compile``, ``__import__``, ``globals``, ``vars``,
+- dynamic code and lookups by name: ``exec``, ``eval``, ``compile``, ``globals``, ``vars``, ``__import__``
+  of a name computed at run time (of a literal name, it is judged as an import),
   ``locals``, ``__builtins__``, ``breakpoint``; attributes that reach objects without naming them
   (``__globals__``, ``__subclasses__``, ``__dict__``, frames' ``f_back`` and ``f_globals``, ...);
   ``getattr``, ``setattr``, ``delattr`` and ``hasattr`` with a name computed at run time (with a string
@@ -237,6 +238,19 @@ def review(notebook: NotebookNode) -> list[Finding]:
                         found(node, f"imports {name}, which {reason}")
                     elif node.module == "sys" and alias.name in SYS_ATTRIBUTES:
                         found(node, f"uses sys.{alias.name}, which reaches the recorder's machinery")
+            elif isinstance(node, ast.Name) and node.id == "__import__":
+                call = parents.get(node)
+                literal = (
+                    isinstance(call, ast.Call)
+                    and call.func is node
+                    and call.args
+                    and isinstance(call.args[0], ast.Constant)
+                    and isinstance(call.args[0].value, str)
+                )
+                if not literal:  # __import__("sys") is `import sys`, judged as an import below
+                    found(node, "uses __import__ with a name computed at run time")
+                elif reason := _module_reason(call.args[0].value):
+                    found(node, f"imports {call.args[0].value}, which {reason}")
             elif isinstance(node, ast.Name) and node.id in DYNAMIC:
                 found(node, f"uses {node.id}, which runs or finds code by name")
             elif isinstance(node, ast.Name) and node.id == "get_ipython":
