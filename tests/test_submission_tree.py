@@ -191,7 +191,10 @@ def test_a_deep_empty_tree_is_not_walked(tmp_path):
     submit(tmp_path, "ada")
     deep = "mallory" + "/d" * 1500  # os.makedirs would recurse 1,500 deep
     subprocess.run(["mkdir", "-p", deep], cwd=tmp_path, check=True)
-    scan = scan_submissions([tmp_path], ASSIGNMENT)
+    try:
+        scan = scan_submissions([tmp_path], ASSIGNMENT)
+    finally:  # shutil.rmtree, which pytest uses to clean up, would recurse 1,500 deep
+        subprocess.run(["rm", "-rf", "mallory"], cwd=tmp_path, check=True)
     assert list(scan.found) == ["ada"] and scan.refused == {}
 
 
