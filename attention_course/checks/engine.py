@@ -16,6 +16,7 @@ import functools
 import hashlib
 import importlib
 import inspect
+import linecache
 import math
 import sys
 import types
@@ -161,11 +162,12 @@ class Outcome:
     value: Any = None
     raised: str = ""  # the type of the exception it raised, if it raised one
     message: str = ""  # and its message
-    not_implemented: bool = False  # it raised NotImplementedError (the blank stub)
+    not_implemented: bool = False  # it raised NotImplementedError itself (the blank stub), not from torch
     after: dict[str, Any] = field(default_factory=dict)  # tensor arguments as the function left them
     calls: tuple[tuple[str, str], ...] = ()  # (module, name) of what it called outside its notebook
     warnings: tuple[str, ...] = ()
     observed: bool = True  # False: the profiler was switched off or replaced, its calls are unknown
+    line: str = ""  # the line of the learner's code where the exception was raised, if Python knows it
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,15 @@ def inspect_learner(fn: Any) -> Learner:
 
 
 def object_fingerprint(fn: Any) -> str:
-    """The :func:`fingerprint` of a function, or of a class's methods (sorted by name); "" for others."""
+    """The :func:`fingerprint` of a function, or of a class's methods (sorted by name); "" for others.
+
+    A decorated function is known by the function it wraps (``__wrapped__``, which :func:`functools.wraps`
+    sets), not by the decorator's wrapper, which every function decorated alike shares
+    (``@torch.no_grad()``'s, for one)."""
+    try:
+        fn = inspect.unwrap(fn)
+    except (ValueError, TypeError):  # a cycle of __wrapped__, or an object that refuses the lookup
+        return ""
     code = getattr(fn, "__code__", None)
     if isinstance(code, types.CodeType):
         return fingerprint(code)
@@ -336,16 +346,35 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
     messages = tuple(dict.fromkeys(str(w.message) for w in caught))
     for message in messages:
         print(f"note: {call.function} emitted a warning: {message}")  # stdout: a warning is not a failure
+    line = raised_at(error, owner) if error is not None else ""
+    # the blank stub raises NotImplementedError itself; torch raises it too (an operation a dtype or a device
+    # lacks, from a line of the learner's that calls torch), and that is an error to report, not a stub
+    stub = isinstance(error, NotImplementedError) and (
+        not line or "NotImplementedError" in line or not str(error)
+    )
     return Outcome(
         value,
         type(error).__name__ if error is not None else "",
         str(error) if error is not None else "",
-        isinstance(error, NotImplementedError),
+        stub,
         {name: v for name, v in passed.items() if isinstance(v, torch.Tensor)},
         tuple(seen),
         messages,
         canary and intact,
+        line,
     )
+
+
+def raised_at(error: BaseException, owner: dict[str, Any] | None) -> str:
+    """The source line, in the learner's code (globals ``owner``), of the innermost frame that ``error``
+    went through: where that code raised it, or called what raised it ("" if Python knows no source)."""
+    line, trace = "", error.__traceback__
+    while trace is not None:
+        frame = trace.tb_frame
+        if owner is not None and frame.f_globals is owner:
+            line = linecache.getline(frame.f_code.co_filename, trace.tb_lineno).strip() or line
+        trace = trace.tb_next
+    return line[:200]
 
 
 # --- the course's own answers, and what a function may not call
@@ -497,8 +526,13 @@ must be a 3D tensor: torch.bmm takes 3-D tensors [batch, n, m] only: with severa
 same device: create new tensors on the device of the inputs (device=x.device), never on a fixed device
 expected scalar type | same dtype | expected m1 and m2 to have the same dtype | dtype mismatch: create new
     tensors with the dtype of the inputs (dtype=x.dtype) so that every dtype works
-out of range: an axis index is out of range: with leading (batch, head) axes, count axes from the end (-1
-    for the last, -2 for the one before)
+Dimension out of range: an axis index is out of range: with leading (batch, head) axes, count axes from the
+    end (-1 for the last, -2 for the one before)
+is out of bounds for dimension | index out of range in self: an index is past the end of a tensor's axis:
+    check the bounds of what you index (a loop's last block ends at min(start + size, length), positions
+    run from 0 to length - 1)
+list index out of range | tuple index out of range: an index is past the end of a list or tuple: check its
+    length where you index it (a shape has as many entries as the tensor has axes)
 size of tensor | shape | Expected size | expand | broadcast: shapes do not fit: check which axes you
     transpose, sum and broadcast over; with leading (batch, head) axes use key.transpose(-2, -1), not key.T or
     key.transpose(0, 1)
@@ -508,11 +542,20 @@ is not defined: a name your function uses is not defined: run the cell that defi
 """)
 
 
-def hint_for(text: str, extra: Hints = ()) -> str:
-    """The likely cause of an exception whose ``type: message`` is ``text``; ``extra`` hints come first."""
+def hint_for(text: str, extra: Hints = (), line: str = "") -> str:
+    """The likely cause of an exception whose ``type: message`` is ``text``, raised at the learner's source
+    ``line``; ``extra`` hints come first.
+
+    A hint's key lists patterns separated by ``|``, any of which selects it; a pattern ``A & B`` needs each
+    of its fragments, in the exception's text or in the line (``too many indices & mask``: an index error
+    raised where a mask is indexed).
+    """
     for patterns, hint in (*extra, *GENERAL_HINTS):
-        if any(pattern in text for pattern in patterns.split(" | ")):
-            return hint
+        for pattern in patterns.split(" | "):
+            fragments = pattern.split(" & ")
+            where = text if len(fragments) == 1 else f"{text}\n{line}"
+            if all(fragment in where for fragment in fragments):
+                return hint
     return ""
 
 
@@ -559,13 +602,39 @@ class Check:
             raise failure.amended(before=self.prefix, note=note, call=str(self.calls[0])) from None
 
 
+NOT_IMPLEMENTED = "{function} is not implemented yet: replace `raise NotImplementedError()` with your code."
+
+
+def raises(call: Call, error: str, condition: str, hint: str = "") -> Check:
+    """A check that ``call`` raises ``error`` (the name of an exception type), as the learner's docstring
+    promises it does ``condition`` ("if d_k < 1"): an error documented is part of the contract.
+
+    ``hint`` is the likely cause when the call returned instead, or raised another type."""
+
+    def judge(outcome: Outcome) -> None:
+        if outcome.not_implemented:
+            fail(NOT_IMPLEMENTED.format(function=call.function))
+        if outcome.raised == error:
+            return
+        got = f"raised {outcome.raised}: {outcome.message}" if outcome.raised else "returned without an error"
+        fail(
+            f"{call} {got}; it should raise {error} {condition}, as its docstring says.",
+            hint
+            or f"check the arguments first and `raise {error}(...)` with a message that says what is wrong",
+            expected=error,
+            got=outcome.raised or describe(outcome.value),
+        )
+
+    return Check(call, judge, raw=True)
+
+
 def _value(call: Call, outcome: Outcome, hints: Hints) -> Any:
     """What the call returned; fail if it raised, could not be observed, or called an answer."""
     if outcome.not_implemented:
-        fail(f"{call.function} is not implemented yet: replace `raise NotImplementedError()` with your code.")
+        fail(NOT_IMPLEMENTED.format(function=call.function))
     if outcome.raised:
-        text = f"{outcome.raised}: {outcome.message}"
-        fail(f"{call} raised {text}", hint_for(text, hints), got=text, raised=True)
+        text, at = f"{outcome.raised}: {outcome.message}", f" at `{outcome.line}`" if outcome.line else ""
+        fail(f"{call} raised {text}{at}", hint_for(text, hints, outcome.line), got=text, raised=True)
     _judge_calls(call, outcome)
     return outcome.value
 
@@ -803,16 +872,49 @@ def assert_values(
     if mismatch.any():
         error = ((a - e).abs() - rtol * e.abs()).masked_fill(~mismatch, -math.inf)
         index = tuple(torch.nonzero(error == error.max())[0].tolist())
-        right, wrong, share = f"{e[index].item():.6g}", f"{a[index].item():.6g}", mismatch.double().mean()
+        wrong, right = distinct_digits(a[index].item(), e[index].item())
+        difference = abs(a[index].item() - e[index].item())
+        # the error relative to the tensor's scale: near-zero elements do not blow it up
+        largest = max(e[finite].abs().max().item(), 1e-300)
+        relative = (a - e)[finite].abs().max().item() / largest
+        share = mismatch.double().mean()
         fail(
             f"{where} does not match ({dtype_name(dtype)}, shape {list(a.shape)}): {int(mismatch.sum())} of "
             f"{mismatch.numel()} elements differ ({share:.0%}); the worst, at index {list(index)}, is "
-            f"{wrong} where {right} is expected (rtol {rtol:g}, atol {atol:.2g})."
+            f"{wrong} where {right} is expected (off by {difference:.3g}; largest error / largest "
+            f"expected magnitude {relative:.2g}; rtol {rtol:g}, atol {atol:.2g})."
             + (f" {note}" if note else ""),
-            cause(mistakes()) if mistakes else "",
+            (cause(mistakes()) if mistakes else "") or precision_hint(dtype, relative),
             expected=f"{right} at {list(index)}",
             got=wrong,
         )
+
+
+def distinct_digits(actual: float, expected: float) -> tuple[str, str]:
+    """``actual`` and ``expected`` written with 6 significant digits, or as many more (up to 17) as it takes
+    for the two to read differently: a value off in its 9th digit is not shown as the expected value."""
+    for digits in range(6, 18):
+        shown = f"{actual:.{digits}g}", f"{expected:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return shown
+
+
+# float32's rounding (2**-24), and the relative errors at which a float64 result was most likely computed
+# through float32 (a few hundred roundings at most)
+_FLOAT32_EPS = 2.0**-24
+
+
+def precision_hint(dtype: torch.dtype, relative: float) -> str:
+    """A hint when a float64 result is off by a relative error of float32's order: a lost precision."""
+    if dtype != torch.float64 or not _FLOAT32_EPS / 4 <= relative <= 1e3 * _FLOAT32_EPS:
+        return ""
+    return (
+        f"the values agree to about float32's precision (relative error {relative:.1g}; float32 rounds "
+        f"at {_FLOAT32_EPS:.1g}) although the inputs are float64: some step computes in float32, such as a "
+        "tensor made without dtype= (torch.tensor, torch.arange, torch.ones default to float32), a .float() "
+        "call, or a float32 layer or buffer"
+    )
 
 
 def once(compute: Callable[[], Any]) -> Callable[[], Any]:

@@ -291,4 +291,5 @@ def decode_outcome(node: Any, tensors: dict[str, torch.Tensor]) -> Outcome:
         tuple((text(module, 200), text(name, 200)) for module, name in calls),
         tuple(text(w, 4000) for w in node.get("warnings", [])[:8]),
         node.get("observed") is True,
+        text(node.get("line", ""), 200),
     )
