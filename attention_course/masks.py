@@ -49,9 +49,11 @@ def causal_mask(
     instead, which is only the same when ``q_len == k_len``.
 
     Args:
-        q_len: number of queries, at least 1.
-        k_len: number of keys; defaults to ``q_len``.
-        device: where to build the mask (the device of the scores it will meet).
+        q_len: number of queries, at least 1; it may exceed ``k_len``: the first ``q_len - k_len`` queries
+            then attend no key (their rows are all ``False``).
+        k_len: number of keys, at least 1; defaults to ``q_len``.
+        device: where to build the mask (the device of the scores it will meet); ``None``: PyTorch's
+            default device.
 
     Returns:
         Boolean ``[1, 1, q_len, k_len]``.

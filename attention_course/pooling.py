@@ -65,7 +65,9 @@ def nadaraya_watson(
         bandwidth: the kernel width ``h > 0`` (see :func:`gaussian_kernel_weights`).
 
     Returns:
-        ``[m]`` predictions for ``[n]`` values, ``[m, d_v]`` for ``[n, d_v]`` values.
+        ``[m]`` predictions for ``[n]`` values, ``[m, d_v]`` for ``[n, d_v]`` values (also when ``m``
+        or ``d_v`` is 1), in the dtype and device of the inputs; finite even for a query far from every
+        key, whose prediction is then (almost) the value of its nearest key.
 
     Raises:
         ValueError: as :func:`gaussian_kernel_weights`, or if keys and values differ in ``n``.

@@ -100,6 +100,23 @@ prediction m: the value axis d_v was summed away: [m, n] @ [n, d_v] gives [m, d_
 prediction m n d_v: the weighted values are not summed over the keys: use weights @ values
 prediction m one: for values [n] the prediction is [m]: a value axis added to the values ([n, 1]) must be
     removed again (or use weights @ values directly)
+squeezed: an axis of size 1 is gone: squeeze() removes every axis of size 1, also m = 1 (one query), n = 1 or
+    d_v = 1 (values [n, 1]); remove only the axis you added (squeeze(-1)), or compute weights @ values
+    directly
+features: queries and keys with different numbers of features d must raise ValueError: once scalars have
+    their feature axis, compare queries.size(-1) with keys.size(-1) (broadcasting alone raises RuntimeError,
+    or nothing at all when one side has d = 1)
+bandwidth: a bandwidth h <= 0 must raise ValueError: check it first (h = 0 divides by 0, and a negative h
+    gives the weights of -h, since only h^2 enters the kernel)
+n: keys and values with different numbers of rows n must raise ValueError: compare keys.size(0) with
+    values.size(0) first (the product alone raises RuntimeError)
+far prediction: exp(-||q - k||^2 / (2 h^2)) underflows to 0 for every key when the query is far from all of
+    them, and 0 / 0 is NaN: subtract the largest score of each row before exp (or use torch.softmax), as
+    gaussian_kernel_weights does
+matmul: the docstring says that feature sizes that do not match raise RuntimeError, which the matrix products
+    raise by themselves: a check of your own must not raise another type
+far attention: scores far from 0 overflow exp() (above 88.7 in float32) or underflow to 0 / 0: the softmax
+    must subtract the maximum of each row (over the source positions) before exp, as torch.softmax does
 """)
 ATTENTION_SHAPES = engine.table("""
 output q_len d_k: the output has the width d_k of the keys: the values are {source} @ w_v, and the output is
@@ -111,6 +128,67 @@ output k_len d_v: the output has one row per source position: the queries come f
 weights k_len q_len: the weights are [..., n, m]: the queries come from x_q (m positions) and the keys from
     x_kv (n positions), and the scores are query @ key^T, [..., m, n]
 weights q_len q_len: the scores compare the queries with themselves: the keys are {source} @ w_k
+""")
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+gaussian_kernel_weights queries: kernel_weights_rows_sum_to_one, kernel_weights_table,
+    kernel_weights_bandwidth, kernel_weights_far_query; scalars [m] and vectors [m, d] (d = 1 too), one query,
+    float64 and float32 (not float16: torch.cdist, a natural way, has no float16 kernel on the CPU), on the
+    checks' device, left unchanged
+gaussian_kernel_weights keys: kernel_weights_rows_sum_to_one, kernel_weights_table, kernel_weights_bandwidth;
+    [n] and [n, d], one key, the dtype and device of the queries
+gaussian_kernel_weights bandwidth: kernel_weights_bandwidth, kernel_weights_table,
+    kernel_weights_rows_sum_to_one; left out (1.0, judged as a distribution), 0.4 to 3.0, squared in the
+    denominator 2 h^2
+gaussian_kernel_weights returns: kernel_weights_rows_sum_to_one, kernel_weights_table,
+    kernel_weights_bandwidth, kernel_weights_far_query; [m, n] in the queries' dtype and device, >= 0, rows
+    summing to 1, the softmax's values, finite (one-hot on the nearest key) for queries 60 to 1000 away from
+    every key
+gaussian_kernel_weights raises ValueError: kernel_weights_bandwidth, kernel_weights_rows_sum_to_one; bandwidth
+    0 (visible), -0.5 and -2 (hidden) in kernel_weights_bandwidth; queries [4, 2] and keys [5, 3] (visible),
+    [4] and [5, 3], [4, 3] and [5] (hidden) in kernel_weights_rows_sum_to_one
+nadaraya_watson queries: nadaraya_watson_table, nadaraya_watson_shapes, nadaraya_watson_bandwidth; scalars and
+    vectors, one query, float64 and float32, queries far from every key (float64)
+nadaraya_watson keys: nadaraya_watson_table, nadaraya_watson_shapes, nadaraya_watson_bandwidth; [n] and [n,
+    d], one key, a query equal to a key
+nadaraya_watson values: nadaraya_watson_shapes, nadaraya_watson_bandwidth, nadaraya_watson_table; [n], [n,
+    d_v], [n, 1], constant values (the prediction is that constant)
+nadaraya_watson bandwidth: nadaraya_watson_bandwidth, nadaraya_watson_table; 0.4 to 3.0 and 1.0, passed on to
+    the kernel (not its default)
+nadaraya_watson returns: nadaraya_watson_shapes, nadaraya_watson_table, nadaraya_watson_bandwidth; [m] for
+    values [n], [m, d_v] for [n, d_v] (also m = 1, d_v = 1), the inputs' dtype and device, the kernel-weighted
+    average, finite for queries far from every key
+nadaraya_watson raises ValueError: nadaraya_watson_shapes, nadaraya_watson_bandwidth; keys [5] and values [6]
+    (visible), keys [5, 2] and values [3, 2] (hidden), queries and keys of different d (as
+    gaussian_kernel_weights) in nadaraya_watson_shapes; bandwidth 0 (visible), -0.5 and -2 (hidden) in
+    nadaraya_watson_bandwidth
+cross_attention x_q: cross_attention_shapes, cross_attention_matches_formula; [..., m, d_model] with 0, 1 and
+    2 leading axes, float64, float32, float16 and bfloat16 (all visible in cross_attention_shapes), left
+    unchanged
+cross_attention x_kv: cross_attention_shapes, cross_attention_matches_formula,
+    cross_attention_source_permutation; [..., n, d_model], n != m, identical source positions, permuted
+    positions
+cross_attention w_q: cross_attention_matches_formula, cross_attention_shapes; [d_model, d_k], x @ w (not x @
+    w.T), scaled so that the scores reach +-100 (float32)
+cross_attention w_k: cross_attention_matches_formula; [d_model, d_k], not swapped with w_q
+cross_attention w_v: cross_attention_matches_formula, cross_attention_shapes; [d_model, d_v], d_v != d_k
+cross_attention returns: cross_attention_shapes, cross_attention_matches_formula,
+    cross_attention_source_permutation; (output [..., m, d_v], weights [..., m, n]) in the inputs' dtype and
+    device, softmax(Q K^T / sqrt(d_k)) V with no mask, finite for scores far from 0
+cross_attention raises RuntimeError: cross_attention_shapes; w_q with a row too few (visible), w_k with a
+    column too few and x_kv with a feature too few (hidden)
+cross_attention from scratch: cross_attention_from_scratch; no built-in attention
+self_attention x: self_attention_matches_formula, self_attention_permutation_equivariance; [..., n, d_model]
+    with 0, 1 and 2 leading axes, the four float dtypes, permuted positions
+self_attention w_q: self_attention_matches_formula; [d_model, d_k], scaled so that the scores reach +-100
+self_attention w_k: self_attention_matches_formula; [d_model, d_k]
+self_attention w_v: self_attention_matches_formula; [d_model, d_v]
+self_attention returns: self_attention_matches_formula, self_attention_permutation_equivariance; (output [...,
+    n, d_v], weights [..., n, n]) in the inputs' dtype and device; permuting x permutes the output's rows (and
+    the weights' rows and columns)
+self_attention raises RuntimeError: self_attention_matches_formula; w_q with a row too few (visible), w_k with
+    a column too few and w_v with a row too few (hidden)
+self_attention from scratch: self_attention_from_scratch; no built-in attention
 """)
 # permuting the source x_kv or x: the second call's label, the likely cause, what output and weights are not
 LABELS = {"x_kv": " with the source positions permuted", "x": " with the positions of x permuted"}
@@ -154,6 +232,32 @@ class Lookup:
 # the hidden parts' cases, every size different within one: scalars and vectors, values [n] and [n, d_v]
 HIDDEN_LOOKUPS = (Lookup(7, 4, None, None, 0.7), Lookup(5, 8, 3, 2, 1.3), Lookup(3, 6, 2, None, 0.4))
 HIDDEN_LOOKUPS += (Lookup(4, 5, None, 3, 2.2),)
+# sizes of 1 (one query, one key, d = 1, d_v = 1), for the cells of shapes: visible, then hidden
+ONES = (
+    (Lookup(1, 9), Lookup(6, 1, 3), Lookup(6, 9, 3, 1)),
+    (Lookup(1, 4, 1, 1, 0.8), Lookup(5, 1, None, 2, 1.7)),
+)
+# the documented ValueErrors: shapes of (queries, keys, values) whose d differ, then whose n differ (the first
+# of each visible)
+FEATURES = (((4, 2), (5, 3), (5,)), ((4,), (5, 3), (5, 2)), ((4, 3), (5,), (5,)))
+N_DIFFER = (((4,), (5,), (6,)), ((4, 2), (5, 2), (3, 2)))
+
+
+def _raises(part: Part, shapes: tuple, cause: str, bandwidth: float = 1.0) -> Check:
+    """A call on arguments of ``shapes`` (queries, keys and, for nadaraya_watson, values) that must raise
+    ValueError, for ``cause``: "features", "n" or "bandwidth"."""
+    names = ("queries", "keys", "values")[: 2 + (part.function == "nadaraya_watson")]
+    arguments = {
+        name: randn(shape, seed=70 + i, device=part.device)
+        for i, (name, shape) in enumerate(zip(names, shapes, strict=False))
+    }
+    condition = {
+        "features": "if queries and keys differ in their number of features d",
+        "n": "if keys and values differ in their number of rows n",
+        "bandwidth": f"if the bandwidth is not positive (here {bandwidth})",
+    }[cause]
+    call = part.call(**arguments, bandwidth=bandwidth)
+    return engine.raises(call, "ValueError", condition, TEXT[cause])
 
 
 def _squared(arguments: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -218,6 +322,10 @@ def _lookup_check(part: Part, arguments: dict, answer=None, note="", finite="") 
         what, shape = "prediction", (m, *values.shape[1:])
         axes = {"d_v": values.size(-1)} if values.dim() == 2 else {"one": 1}
     where, hints = f"the {what} of {call}", engine.shapes(TEXT, what, m=m, n=n, **axes)
+    if 1 in shape:  # one query, one key or values [n, 1]: an axis squeezed away is the likely cause
+        ones = [axis for axis, size in enumerate(shape) if size == 1]
+        for gone in [[axis] for axis in ones] + [ones]:
+            hints[tuple(size for axis, size in enumerate(shape) if axis not in gone)] = TEXT["squeezed"]
     expected = engine.once(
         lambda: reference_answer(answer, arguments) if callable(answer) else ((answer,), (0.0,))
     )
@@ -227,9 +335,10 @@ def _lookup_check(part: Part, arguments: dict, answer=None, note="", finite="") 
             engine.assert_format(result, where, shape, queries.dtype, queries.device, hints)
             return _distribution(result.detach().cpu().double(), where) if values is None else None
         if finite and torch.is_tensor(result) and result.shape == shape and not result.isfinite().all():
-            case = "contain NaN or inf for queries far from every key"  # the weights of a far query
+            case = f"contain{'s' if values is not None else ''} NaN or inf for queries far from every key"
             case = case if finite == "far" else "contains NaN or inf for the query 56, which equals a key"
-            fail(f"{where} {case}.", TEXT[finite])
+            far = finite == "far" and values is not None  # the predictions of a far query
+            fail(f"{where} {case}.", TEXT["far prediction" if far else finite])
         (right,), (error,) = expected()
         options = {"dtype": queries.dtype, "naive_error": error, "hints": hints, "note": note}
         engine.assert_values(result, right, where, mistakes=lambda: _mistakes(arguments), **options)
@@ -237,12 +346,22 @@ def _lookup_check(part: Part, arguments: dict, answer=None, note="", finite="") 
     return Check(call, judge, untouched=answer is None)
 
 
-def _hidden(part: Part, seed: int, values=False, bandwidth: Any = "case", table=False, shift=0.0, **options):
-    """Checks of :data:`HIDDEN_LOOKUPS` in float64 and float32, by default against the reference."""
+def _hidden(
+    part: Part,
+    seed: int,
+    values=False,
+    bandwidth: Any = "case",
+    table=False,
+    shift=0.0,
+    dtypes=KERNEL_DTYPES,
+    **options,
+):
+    """Checks of :data:`HIDDEN_LOOKUPS` in ``dtypes`` (default float64 and float32), against the reference
+    unless ``options`` give an ``answer``."""
     answer = options.pop("answer", part.reference)
     for i, case in enumerate(HIDDEN_LOOKUPS):
         case = replace(case, d=None, d_v=None) if table else case
-        for dtype in KERNEL_DTYPES:
+        for dtype in dtypes:
             arguments = case.arguments(seed + 10 * i, part.device, dtype, values, (-1) ** i * shift)
             if table:
                 arguments["queries"] = torch.cat((arguments["keys"][:1], arguments["queries"][1:]))  # [m]
@@ -263,9 +382,17 @@ def kernel_weights_rows_sum_to_one(part: Part) -> Iterator[Check]:
     """The weights are [m, n] in the inputs' dtype, non-negative, each row summing to 1."""
     if part.hidden:
         yield from _hidden(part, 100, bandwidth=None, answer=None)
-        return
-    for d, seed, dtype in ((None, 10, torch.float64), (3, 12, torch.float32), (3, 14, torch.float64)):
-        yield _lookup_check(part, Lookup(7, 5, d).arguments(seed, part.device, dtype))  # default bandwidth
+    else:
+        for d, seed, dtype in ((None, 10, torch.float64), (3, 12, torch.float32), (3, 14, torch.float64)):
+            yield _lookup_check(
+                part, Lookup(7, 5, d).arguments(seed, part.device, dtype)
+            )  # default bandwidth
+    for case in ONES[part.hidden]:  # sizes of 1
+        yield _lookup_check(
+            part, replace(case, d_v=None).arguments(16, part.device) | {"bandwidth": case.bandwidth}
+        )
+    for shapes in FEATURES[1:] if part.hidden else FEATURES[:1]:  # the docstring's ValueError
+        yield _raises(part, shapes, "features")
 
 
 @behaviour(function="gaussian_kernel_weights", points=1, hints=KERNEL_HINTS)
@@ -284,9 +411,13 @@ def kernel_weights_bandwidth(part: Part) -> Iterator[Check]:
     """The weights are softmax_j(-||q_i - k_j||^2 / (2 h^2)) for scalars, vectors, several h."""
     if part.hidden:
         yield from _hidden(part, 100)
-        return
-    for d, seed, h in ((None, 20, 0.6), (None, 20, 3.0), (3, 22, 0.6), (3, 22, 3.0)):
-        yield _lookup_check(part, Lookup(6, 9, d).arguments(seed, part.device) | {"bandwidth": h}, _formula)
+    else:
+        for d, seed, h in ((None, 20, 0.6), (None, 20, 3.0), (3, 22, 0.6), (3, 22, 3.0)):
+            yield _lookup_check(
+                part, Lookup(6, 9, d).arguments(seed, part.device) | {"bandwidth": h}, _formula
+            )
+    for bandwidth in (-0.5, -2.0) if part.hidden else (0.0,):  # the docstring's ValueError
+        yield _raises(part, FEATURES[0][:1] * 2, "bandwidth", bandwidth)
 
 
 @behaviour(function="gaussian_kernel_weights", points=1, hints=KERNEL_HINTS)
@@ -325,25 +456,52 @@ def nadaraya_watson_shapes(part: Part) -> Iterator[Check]:
     """Values [n] give predictions [m] and values [n, d_v] give [m, d_v], in the inputs' dtype."""
     if part.hidden:
         yield from _hidden(part, 300, values=True, bandwidth=None, answer=None)
-        return
-    for d, d_v, seed in ((None, None, 40), (None, 4, 43), (3, None, 46), (3, 4, 49)):  # vectors in float32
-        dtype = torch.float64 if d is None else torch.float32
-        yield _lookup_check(part, Lookup(6, 9, d, d_v).arguments(seed, part.device, dtype, values=True))
+    else:
+        for d, d_v, seed in (
+            (None, None, 40),
+            (None, 4, 43),
+            (3, None, 46),
+            (3, 4, 49),
+        ):  # vectors in float32
+            dtype = torch.float64 if d is None else torch.float32
+            yield _lookup_check(part, Lookup(6, 9, d, d_v).arguments(seed, part.device, dtype, values=True))
+    for case in ONES[part.hidden]:  # sizes of 1
+        yield _lookup_check(
+            part, case.arguments(56, part.device, values=True) | {"bandwidth": case.bandwidth}
+        )
+    # the docstring's ValueError
+    yield from (
+        _raises(part, shapes, "features") for shapes in (FEATURES[1:] if part.hidden else FEATURES[:1])
+    )
+    yield from (_raises(part, shapes, "n") for shapes in (N_DIFFER[1:] if part.hidden else N_DIFFER[:1]))
 
 
 @behaviour(function="nadaraya_watson", points=1, hints=REGRESSION_HINTS)
 def nadaraya_watson_bandwidth(part: Part) -> Iterator[Check]:
     """The predictions are the kernel-weighted averages of the values for several bandwidths."""
+    note = "A query far from every key gets (almost) the value of its nearest key."
     if part.hidden:
         yield from _hidden(part, 300, values=True)
-        return
-    scalars = Lookup(6, 9).arguments(50, part.device, values=True)
-    constant = {**scalars, "values": torch.full_like(scalars["values"], 2.5), "bandwidth": 0.6}
-    note = "With every value equal to 2.5, a weighted average (weights summing to 1) is 2.5."
-    yield _lookup_check(part, constant, torch.full((6,), 2.5, dtype=torch.float64), note)
-    for arguments in (scalars, Lookup(6, 9, 3, 4).arguments(53, part.device, values=True)):
-        for bandwidth in (0.6, 3.0):
-            yield _lookup_check(part, arguments | {"bandwidth": bandwidth}, _formula)
+        # in float64 only: float32 cannot hold the distances of far queries to the precision of its tolerance
+        far = {"bandwidth": 1.0, "shift": 60.0, "dtypes": KERNEL_DTYPES[:1], "note": note, "finite": "far"}
+        yield from _hidden(part, 380, values=True, **far)
+    else:
+        scalars = Lookup(6, 9).arguments(50, part.device, values=True)
+        constant = {**scalars, "values": torch.full_like(scalars["values"], 2.5), "bandwidth": 0.6}
+        average = "With every value equal to 2.5, a weighted average (weights summing to 1) is 2.5."
+        yield _lookup_check(part, constant, torch.full((6,), 2.5, dtype=torch.float64), average)
+        for arguments in (scalars, Lookup(6, 9, 3, 4).arguments(53, part.device, values=True)):
+            for bandwidth in (0.6, 3.0):
+                yield _lookup_check(part, arguments | {"bandwidth": bandwidth}, _formula)
+        # queries far from every key (as in kernel_weights_far_query), in float64: the predictions stay finite
+        scalars = {"queries": torch.tensor([-100.0, 60.0, 1000.0]), "keys": torch.tensor([0, 1, 2, 3, 4.5])}
+        vectors = {"queries": 80.0 + randn((3, 2), seed=31), "keys": randn((4, 2), seed=30)}
+        for arguments, seed in ((scalars, 57), (vectors, 58)):
+            arguments |= {"values": randn((len(arguments["keys"]), 2), seed=seed)}
+            arguments = {k: v.to(part.device, torch.float64) for k, v in arguments.items()}
+            yield _lookup_check(part, arguments | {"bandwidth": 1.0}, _formula, note, "far")
+    for bandwidth in (-0.5, -2.0) if part.hidden else (0.0,):  # the docstring's ValueError
+        yield _raises(part, N_DIFFER[0][:1] * 3, "bandwidth", bandwidth)
 
 
 # ==================================================================================================
@@ -351,8 +509,9 @@ def nadaraya_watson_bandwidth(part: Part) -> Iterator[Check]:
 
 VISIBLE = Sizes((2,), 5, 7, 4, 3, 6)  # m = 5 target and n = 7 source positions, d_k, d_v, d_model
 SOURCE = {"cross_attention": "x_kv", "self_attention": "x"}  # the argument that keys and values come from
-FORMATS = (((), torch.float32), ((2,), torch.float64), ((2, 9), torch.float16))  # visible leads and dtypes
-LEADS = [(lead, torch.float64) for lead, _ in FORMATS]
+LEADS = [((), torch.float64), ((2,), torch.float64), ((2, 9), torch.float64)]  # visible leading axes
+FORMATS = (((), torch.float32), ((2,), torch.float64), ((2, 9), torch.float16), ((3,), torch.bfloat16))
+FAR = 100.0  # w_q scaled: float32 scores of about +-100, where exp overflows above 88.7
 
 
 def _projected(arguments: dict, query: str = "w_q", key: str = "w_k") -> QKV:
@@ -408,10 +567,59 @@ def _attention(part: Part, seed: int, visible=(), **extra: Any) -> Iterator[Chec
         yield family.attention_check(part, arguments, sizes, on_raise=note, **extra, **_options(part, sizes))
 
 
+def _far(part: Part, sizes: Sizes, seed: int, dtype=torch.float32) -> tuple[Sizes, dict]:
+    """:func:`_inputs` whose scores are far from 0 (``w_q`` scaled by ``FAR``)."""
+    sizes, arguments = _inputs(part, sizes, seed, dtype)
+    return sizes, {**arguments, "w_q": arguments["w_q"] * FAR}
+
+
+def _far_checks(part: Part, seed: int) -> Iterator[Check]:
+    """Attention with scores far from 0, against the formula (hidden: the reference, every hidden size)."""
+    finite = functools.partial(_finite, TEXT["far attention"])
+    if part.hidden:
+        make, per_size = functools.partial(_far, part), functools.partial(_options, part)
+        yield from family.hidden_checks(part, make, (torch.float32,), seed, per_size, extra=finite())
+        return
+    sizes, arguments = _far(part, VISIBLE, seed)
+    yield family.attention_check(
+        part, arguments, sizes, family.plain(_projected), extra=finite(), **_options(part, sizes)
+    )
+
+
+def _finite(cause: str) -> Any:
+    """A judge (``extra``) that the output and the weights are finite."""
+
+    def judge(output: Any, weights: Any, call: Any) -> None:
+        for which, tensor in (("weights", weights), ("output", output)):
+            if not tensor.isfinite().all():
+                bad = int((~tensor.isfinite()).sum())
+                fail(f"the {which} of {call} contain NaN or inf ({bad} of {tensor.numel()} elements).", cause)
+
+    return judge
+
+
+def _mismatched(part: Part, seed: int) -> Iterator[Check]:
+    """Calls whose feature sizes do not match, which the docstring says raise RuntimeError: w_q with a row
+    too few (visible); w_k with a column too few, and w_v (self) or x_kv (cross) with a feature too few."""
+    _, arguments = _inputs(part, VISIBLE, seed)
+    cut = {"w_q": arguments["w_q"][:-1]}
+    if part.hidden:
+        cut = {"w_k": arguments["w_k"][:, :-1]}
+        if part.function == "self_attention":
+            cut["w_v"] = arguments["w_v"][:-1]
+        else:
+            cut["x_kv"] = arguments["x_kv"][..., :-1]
+    for name, tensor in cut.items():
+        call = part.call(**{**arguments, name: tensor})
+        condition = f"from the matrix products, if the feature sizes do not match ({name})"
+        yield engine.raises(call, "RuntimeError", condition, TEXT["matmul"])
+
+
 @behaviour(function="cross_attention", points=1, hints=CROSS_HINTS)
 def cross_attention_shapes(part: Part) -> Iterator[Check]:
     """(output, weights) are [..., m, d_v] and [..., m, n] for 0 to 2 leading axes, inputs' dtype."""
     yield from _attention(part, 60, FORMATS, formats=True, answer=None)
+    yield from _mismatched(part, 65)  # the docstring's RuntimeError
 
 
 @behaviour(function="cross_attention", points=2, hints=CROSS_HINTS)
@@ -419,6 +627,7 @@ def cross_attention_matches_formula(part: Part) -> Iterator[Check]:
     """The result is softmax(Q K^T / sqrt(d_k)) V, Q = x_q W_Q, K = x_kv W_K, V = x_kv W_V."""
     if part.hidden:
         yield from _attention(part, 500)
+        yield from _far_checks(part, 540)
         return
     sizes, same = _inputs(part, VISIBLE, 70)
     same["x_kv"] = same["x_kv"][..., :1, :].repeat(1, 7, 1)  # [2, 7, d_model]
@@ -428,6 +637,7 @@ def cross_attention_matches_formula(part: Part) -> Iterator[Check]:
     note += "value."
     yield family.attention_check(part, same, sizes, known, note=note, **_options(part, sizes))
     yield from _attention(part, 71, LEADS, answer=BUILTIN)
+    yield from _far_checks(part, 75)  # scores far from 0
 
 
 def _permutations(part: Part, seed: int) -> Iterator[Check]:
@@ -468,9 +678,11 @@ def self_attention_matches_formula(part: Part) -> Iterator[Check]:
     """(output, weights) are [..., n, d_v], [..., n, n]: softmax(Q K^T / sqrt(d_k)) V, all from x."""
     if part.hidden:
         yield from _attention(part, 600, formats=True)
-        return
-    yield from _attention(part, 110, FORMATS, formats=True)
-    yield from _attention(part, 111, LEADS, answer=BUILTIN)
+    else:
+        yield from _attention(part, 110, FORMATS, formats=True)
+        yield from _attention(part, 111, LEADS, answer=BUILTIN)
+    yield from _far_checks(part, 640 if part.hidden else 115)  # scores far from 0
+    yield from _mismatched(part, 116)  # the docstring's RuntimeError
 
 
 @behaviour(function="self_attention", points=1, hints=SELF_HINTS)

@@ -29,8 +29,10 @@ from attention_course.checks.engine import (
     assert_values,
     behaviour,
     correct_first,
+    describe,
     fail,
     hint_table,
+    raises,
     randn,
     table,
     type_name,
@@ -49,6 +51,70 @@ OVERFLOW = table("""
 global: subtract the max of each slice along dim (x.amax(dim=dim, keepdim=True)), not the max of the whole
     tensor: a row far below the global max underflows to 0 / 0
 float16: exp(20) is inf in float16 (exp overflows above 11.09); subtract the max along dim first
+""")
+# likely causes of the docstring's promises that ordinary inputs do not reach
+TEXT = table("""
+no nan: a slice whose elements are all -inf has no distribution, and the docstring promises NaN there (as
+    torch.softmax gives): do not replace NaN (nan_to_num) or clamp the sum; chapter 3's masked_attention
+    handles such rows
+dim range: a dim out of range must raise IndexError, as x.amax(dim=dim) and x.sum(dim=dim) do: do not wrap
+    dim around (dim % x.dim()) nor raise another type
+""")
+
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = table("""
+softmax x: softmax_sums_to_one, softmax_matches_torch, softmax_is_stable; 1, 2, 3 and 4 axes; float16,
+    bfloat16, float32 and float64 (all four visible in softmax_sums_to_one); on the checks' device (the CPU
+    where there is no accelerator); left unchanged
+softmax dim: softmax_sums_to_one, softmax_matches_torch; left out (-1), every axis of 3-D and 4-D x, negative
+    and positive
+softmax returns: softmax_sums_to_one, softmax_matches_torch; the shape, dtype and device of x, >= 0, summing
+    to 1 along dim only, torch.softmax's values
+softmax all -inf slice: softmax_sums_to_one; NaN in a slice all -inf, 0 for the -inf elements of another slice
+    (float32 visible; float64, float16 and bfloat16 hidden)
+softmax raises IndexError: softmax_sums_to_one; dim=3 of a 3-D x (visible), 4 and -5 of a 4-D x (hidden)
+softmax stable: softmax_is_stable; scores about 1000 (float32) and 20 (float16), rows 1000 apart, N(0, 50^2)
+    in every dtype (hidden), shift invariance
+softmax from scratch: softmax_from_scratch; no torch.softmax, F.softmax, log_softmax or aten softmax
+scaled_dot_product_attention query: sdpa_shapes, sdpa_matches_builtin, sdpa_dtype_and_inputs; [..., q_len,
+    d_k] with 0, 1 and 2 leading axes, sizes of 1 (a batch of one, one query, d_k = 1); float64, float32,
+    float16 and bfloat16; on the checks' device; left unchanged
+scaled_dot_product_attention key: sdpa_shapes, sdpa_matches_builtin; [..., k_len, d_k], k_len != q_len, one
+    key, identical keys (uniform weights)
+scaled_dot_product_attention value: sdpa_shapes, sdpa_matches_builtin; [..., k_len, d_v], d_v != d_k, d_v = 1
+scaled_dot_product_attention mask: sdpa_mask, sdpa_dtype_and_inputs, sdpa_from_scratch; left out, None, and
+    boolean [k_len], [q_len, k_len], [heads, q_len, k_len], [batch, 1, 1, k_len], [batch, 1, q_len, k_len],
+    [batch, heads, q_len, k_len]; True = may attend
+scaled_dot_product_attention returns: sdpa_shapes, sdpa_matches_builtin, sdpa_mask, sdpa_dtype_and_inputs;
+    (output [..., q_len, d_v], weights [..., q_len, k_len]) in this order, PyTorch's values (rows summing to
+    1, masked keys 0 within 1e-10 in float64), the dtype and device of query (the dtype cell)
+scaled_dot_product_attention empty rows: sdpa_mask, sdpa_dtype_and_inputs; NaN in the weights and the output
+    of a query whose mask row is all False, float64 (visible) and float32 (hidden) in sdpa_mask, float16 and
+    bfloat16 in sdpa_dtype_and_inputs
+scaled_dot_product_attention precision: sdpa_matches_builtin, sdpa_mask, sdpa_dtype_and_inputs; float64 inputs
+    judged at float64's tolerance (a computation in float32 fails), half precision computed in float32 or in
+    half, within four times the error of a plain computation in the inputs' dtype
+scaled_dot_product_attention scores far from 0: sdpa_matches_builtin; float32 scores of about +-100, which
+    overflow exp() without the row maximum subtracted
+scaled_dot_product_attention raises ValueError: sdpa_shapes; a key with one d_k less, a value with one key
+    less (visible: one leading axis; hidden: two)
+scaled_dot_product_attention raises TypeError: sdpa_mask; masks of 0/1 in int64 (visible), uint8 and float32
+    (hidden)
+scaled_dot_product_attention from scratch: sdpa_from_scratch; no F.scaled_dot_product_attention nor multi-head
+    attention built-in
+dot_product_variance d_k: variance_unscaled, variance_scaled; 16, 64 and 256 (visible), 1, 8, 100 and 512
+    (hidden)
+dot_product_variance n_samples: variance_unscaled, variance_is_estimate; 200 to 25000; the estimates spread
+    over seeds as n_samples independent pairs give
+dot_product_variance scaled: variance_unscaled, variance_scaled, variance_is_estimate; False, True, and left
+    out (False, near d_k)
+dot_product_variance generator: variance_is_estimate; seeded CPU generators (one seed, one estimate; 100 seeds
+    spread) and None (torch's global generator: two calls after different global seeds differ); a generator on
+    an accelerator is not checked, since the checks' generators are CPU ones
+dot_product_variance returns: variance_is_estimate, variance_unscaled, variance_scaled; a Python float (a
+    numpy float64 is one), near d_k (scaled False) or 1 (scaled True)
+dot_product_variance raises ValueError: variance_unscaled; d_k 0 and n_samples 1 (visible), d_k -2 and
+    n_samples 0 (hidden)
 """)
 
 # ==================================================================================================
@@ -97,19 +163,59 @@ def _distribution(part: Part, x: torch.Tensor, dim: int | None = None) -> Check:
     return Check(call, judge, untouched=True)
 
 
+def _no_distribution(part: Part, x: torch.Tensor, dim: int) -> Check:
+    """softmax(x, dim) of an ``x`` with slices all -inf: NaN there (the docstring), else torch.softmax."""
+    call, expected = part.call(x=x, dim=dim), torch.softmax(x.detach().cpu().double(), dim)
+    empty = expected.isnan()
+
+    def judge(result: Any) -> None:
+        where = f"the result of {call}"
+        assert_format(result, where, x.shape, x.dtype, x.device)
+        values = result.detach().cpu().double()
+        if not values[empty].isnan().all():
+            got = values[empty & ~values.isnan()][0].item()
+            fail(
+                f"{where} is {got:g} in a slice whose elements are all -inf, where NaN is expected.",
+                TEXT["no nan"],
+            )
+        assert_values(result, expected, where, dtype=x.dtype, note="Elements of -inf get weight 0.")
+
+    return Check(call, judge)
+
+
+def _all_minus_inf(shape: tuple[int, ...], dim: int, seed: int, device, dtype) -> torch.Tensor:
+    """N(0, 4) scores with one slice along ``dim`` all -inf, and -inf at the start of another."""
+    x = 2 * randn(shape, seed=seed, dtype=torch.float64).movedim(dim, -1).contiguous()  # dim last
+    slices = x.view(-1, x.size(-1))
+    slices[1], slices[-1, :2] = -math.inf, -math.inf
+    return x.movedim(-1, dim).to(device, dtype)
+
+
 @behaviour(function="softmax", points=1, hints=SOFTMAX_HINTS)
 def softmax_sums_to_one(part: Part) -> Iterator[Check]:
     """softmax gives a distribution along dim: shape, dtype, device of x, >= 0, sums to 1."""
+    # and the docstring's other promises: a slice all -inf gives NaN, a dim out of range raises IndexError
     if part.hidden:
         for dtype in DTYPES:
             for dim in (-1, 2, 0):
                 yield _distribution(part, randn((2, 3, 5, 7), seed=100, device=part.device, dtype=dtype), dim)
+        yield _distribution(part, randn((6,), seed=101, device=part.device, dtype=torch.float32))  # one axis
+        for dtype in (torch.float64, torch.float16, torch.bfloat16):  # slices all -inf
+            yield _no_distribution(part, _all_minus_inf((2, 3, 5, 7), 2, 102, part.device, dtype), 2)
+        for dim in (4, -5):
+            x = randn((2, 3, 5, 7), seed=103, device=part.device)
+            yield raises(
+                part.call(x=x, dim=dim), "IndexError", f"for dim={dim}, out of range", TEXT["dim range"]
+            )
         return
     x = randn((3, 4, 5), seed=0, device=part.device, dtype=torch.float32)
     yield _distribution(part, x)  # the default axis is the last
     for dim in (1, 0):
         yield _distribution(part, x, dim)
-    yield _distribution(part, x.double(), -1)  # the dtype follows x
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):  # the dtype follows x
+        yield _distribution(part, x.to(dtype), -1)
+    yield _no_distribution(part, _all_minus_inf((3, 4, 5), -1, 5, part.device, torch.float32), -1)
+    yield raises(part.call(x=x, dim=3), "IndexError", "for dim=3, out of range", TEXT["dim range"])
 
 
 def _against(part: Part, x: torch.Tensor, dim: int, answer, overflow: str = "") -> Check:
@@ -199,7 +305,32 @@ def softmax_from_scratch(part: Part) -> Iterator[Check]:
 # 2. scaled dot-product attention
 
 VISIBLE = Sizes((2, 3), 5, 7, 4, 6)  # every size different, so that a swapped axis cannot pass
-SDPA_HINTS = family.exception_hints()
+SDPA_HINTS = family.exception_hints("""
+too many indices for tensor of dimension 1: a mask may have fewer axes than the scores (a [k_len] mask is
+    broadcastable too): let masked_fill or torch.where broadcast it, rather than index its last two axes
+""")
+# sizes of 1: a batch of one, one query, one key, d_k = 1, d_v = 1 (visible, then hidden)
+ONES = ((Sizes((1,), 1, 3, 1, 2),), (Sizes((1, 1), 1, 1, 1, 1), Sizes((1,), 4, 1, 3, 1)))
+# scores far from 0, in float32 (std about 100): exp overflows above 88.7
+FAR = 100.0
+SDPA_TEXT = table("""
+empty zeros: a query whose mask allows no key gets NaN here, as the docstring says (the softmax of a row of
+    -inf): zeros for such rows (nan_to_num, a mask applied after the softmax) are chapter 3's
+    masked_attention, not this function
+empty uniform: a query whose mask allows no key gets NaN here, as the docstring says: filling blocked scores
+    with a finite number (-1e9, -1e4, torch.finfo(dtype).min) gives such a row weights spread over keys it may
+    not attend; fill with float('-inf')
+empty other: a query whose mask allows no key gets NaN here, as the docstring says: fill blocked scores with
+    float('-inf') before the softmax, whose row of -inf then gives NaN
+far: scores far from 0 overflow exp() (above 88.7 in float32) or underflow to 0 / 0: the softmax must
+    subtract the maximum of each row (along the keys) before exp, as torch.softmax does
+shapes: check that query and key share d_k and key and value share k_len, and raise ValueError otherwise
+    (the product alone raises RuntimeError, or nothing at all when an axis broadcasts)
+squeezed: an axis of size 1 is gone: squeeze() or squeeze(0) also removes a batch, a query or a key of size
+    1; remove only an axis you added (or add none: @ broadcasts over any number of leading axes)
+mask dtype: a mask that is not boolean must raise TypeError (check mask.dtype == torch.bool): converting it
+    (mask.bool(), mask == 0) or adding it to the scores accepts masks that the docstring refuses
+""")
 
 
 def _inputs(part: Part, masked: bool) -> Callable[[Sizes, int, torch.dtype], dict]:
@@ -224,14 +355,97 @@ def _visible(
         yield family.attention_check(part, arguments, sizes, answer, **options)
 
 
+def _nan_attention(query, key, value, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The formula with the docstring's rule for a query that may attend no key: NaN (softmax of -inf)."""
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ value, weights
+
+
+def _nan_answer(compute: Callable[..., tuple]) -> Callable[[dict], tuple]:
+    """The answer of ``compute`` in float64, and its error in the arguments' dtype, NaN rows left out."""
+
+    def answer(arguments: dict) -> tuple:
+        truth, naive = compute(**family.cast(arguments, torch.float64)), compute(**arguments)
+        errors = [
+            (n.double() - t).abs().nan_to_num(0.0).max().item() for n, t in zip(naive, truth, strict=True)
+        ]
+        return truth, tuple(errors)
+
+    return answer
+
+
+def _empty_rows(mask: torch.Tensor) -> Callable[[Any, Any, Any], None]:
+    """The judge of the rows of ``mask`` that allow no key: the output and the weights are NaN there."""
+    empty = ~mask.detach().cpu().any(dim=-1)
+
+    def judge(output: Any, weights: Any, call: Any) -> None:
+        rows = empty.broadcast_to(weights.shape[:-1])
+        for which, tensor in (("weights", weights), ("output", output)):
+            got = tensor.detach().cpu().double()[rows]  # [empty rows, k_len or d_v]
+            if got.isnan().all():
+                continue
+            cause = "empty other"
+            if (got == 0).all():
+                cause = "empty zeros"
+            elif which == "weights" and torch.allclose(got.sum(dim=-1), torch.ones(()).double(), atol=1e-2):
+                cause = "empty uniform"
+            shown, verb = [round(x, 4) for x in got[0].tolist()], "are" if which == "weights" else "is"
+            fail(
+                f"the {which} of {call} {verb} {shown} in the row of a query whose mask row is all False; "
+                "the docstring promises NaN there.",
+                SDPA_TEXT[cause],
+            )
+
+    return judge
+
+
+def _empty_rows_check(part: Part, sizes: Sizes, seed: int, dtype: torch.dtype, **options) -> Check:
+    """A call with a mask that leaves some queries no key, against ``_nan_attention`` or the reference."""
+    arguments = family.qkv(sizes, seed=seed, device=part.device, dtype=dtype)
+    mask = family.mask(family.mask_shape(sizes), seed=seed + 5, device=part.device, kind="empty rows")
+    answer = _nan_answer(part.reference if part.hidden else _nan_attention)
+    arguments = {**arguments, "mask": mask}
+    return family.attention_check(part, arguments, sizes, answer, extra=_empty_rows(mask), **options)
+
+
+def _squeezed(sizes: Sizes) -> dict[str, dict[tuple[int, ...], str]]:
+    """The likely causes of wrong shapes: the family's, and an axis of size 1 squeezed away."""
+    hints = family.shape_hints(sizes)
+    for which, shape in family.expected_shapes(sizes).items():
+        ones = [axis for axis, size in enumerate(shape) if size == 1]
+        for gone in [[axis] for axis in ones] + ([ones] if len(ones) > 1 else []):
+            squeezed = tuple(size for axis, size in enumerate(shape) if axis not in gone)
+            hints[which].setdefault(squeezed, SDPA_TEXT["squeezed"])
+    return hints
+
+
+def _far(part: Part, sizes: Sizes, seed: int, dtype: torch.dtype = torch.float32) -> dict:
+    """Arguments whose scores are far from 0, up and down (queries scaled by ``FAR``)."""
+    arguments = family.qkv(sizes, seed=seed, device=part.device, dtype=dtype)
+    return {**arguments, "query": arguments["query"] * FAR}
+
+
 @behaviour(function="scaled_dot_product_attention", points=1, hints=SDPA_HINTS)
 def sdpa_shapes(part: Part) -> Iterator[Check]:
     """(output, weights) are [..., q_len, d_v] and [..., q_len, k_len] with 0, 1 and 2 leading axes."""
     cases = HIDDEN_SIZES if part.hidden else [Sizes(lead, 5, 7, 4, 6) for lead in ((), (2,), (2, 3))]
-    for sizes in cases:
+    for sizes in (*cases, *ONES[part.hidden]):  # and sizes of 1
         arguments = family.qkv(sizes, seed=10, device=part.device, dtype=torch.float32)
         note = family.LEADS_NOTE.format(n=len(sizes.lead)) if sizes.lead and not part.hidden else ""
-        yield family.attention_check(part, arguments, sizes, on_raise=note)
+        yield family.attention_check(part, arguments, sizes, on_raise=note, hints=_squeezed(sizes))
+    # the docstring's ValueError: query and key differ in d_k, key and value in k_len
+    for sizes in HIDDEN_SIZES[:1] if part.hidden else (Sizes((2,), 5, 7, 4, 6),):
+        arguments = family.qkv(sizes, seed=11, device=part.device, dtype=torch.float32)
+        wrong = {
+            "key": (arguments["key"][..., :-1], "if query and key differ in d_k"),
+            "value": (arguments["value"][..., 1:, :], "if key and value differ in k_len"),
+        }
+        for name, (tensor, condition) in wrong.items():
+            call = part.call(**{**arguments, name: tensor})
+            yield raises(call, "ValueError", condition, SDPA_TEXT["shapes"])
 
 
 @behaviour(function="scaled_dot_product_attention", points=2, hints=SDPA_HINTS)
@@ -239,6 +453,8 @@ def sdpa_matches_builtin(part: Part) -> Iterator[Check]:
     """Identical keys give uniform weights; random inputs agree with PyTorch's SDPA."""
     if part.hidden:
         yield from family.hidden_checks(part, _inputs(part, False), (torch.float64, torch.float32), seed=200)
+        far, finite = functools.partial(_far, part), _finite(SDPA_TEXT["far"])
+        yield from family.hidden_checks(part, far, (torch.float32,), seed=220, extra=finite)
         return
     # a known answer: when every key is the same, every weight is 1 / k_len and the output is the mean value
     arguments = family.qkv(VISIBLE, seed=20, device=part.device)
@@ -248,19 +464,53 @@ def sdpa_matches_builtin(part: Part) -> Iterator[Check]:
     note = "With identical keys every weight is 1/k_len and the output is the mean of the values."
     yield family.attention_check(part, arguments, VISIBLE, lambda _: ((mean, uniform), (0.0, 0.0)), note=note)
     yield from _visible(part, 21, family.builtin(), masked=False)
+    # scores far from 0 (about +-100, float32): a softmax without its row maximum subtracted overflows
+    far = _far(part, VISIBLE, 25)
+    yield family.attention_check(part, far, VISIBLE, family.plain(), extra=_finite(SDPA_TEXT["far"]))
+
+
+def _finite(cause: str) -> Callable[[Any, Any, Any], None]:
+    """A judge that the output and the weights are finite (ordinary inputs, scores far from 0)."""
+
+    def judge(output: Any, weights: Any, call: Any) -> None:
+        for which, tensor in (("weights", weights), ("output", output)):
+            if not tensor.isfinite().all():
+                bad = int((~tensor.isfinite()).sum())
+                fail(f"the {which} of {call} contain NaN or inf ({bad} of {tensor.numel()} elements).", cause)
+
+    return judge
 
 
 @behaviour(function="scaled_dot_product_attention", points=2, hints=SDPA_HINTS)
 def sdpa_mask(part: Part) -> Iterator[Check]:
     """A boolean mask (True = may attend) of several broadcastable shapes agrees with PyTorch."""
-    if part.hidden:
+    if part.hidden:  # more sizes and mask shapes, float64 and float32, against the reference
         yield from family.hidden_checks(part, _inputs(part, True), (torch.float64, torch.float32), seed=200)
+        for case, sizes in enumerate(HIDDEN_SIZES):
+            arguments = family.qkv(sizes, seed=260 + case, device=part.device)
+            shape = ((sizes.k_len,), (*sizes.lead[1:], sizes.q_len, sizes.k_len))[case % 2]
+            mask = family.mask(shape, seed=270 + case, device=part.device)
+            yield family.attention_check(part, {**arguments, "mask": mask}, sizes, family.reference(part))
+            yield _empty_rows_check(part, sizes, 280 + 10 * case, (torch.float64, torch.float32)[case % 2])
+        yield from _mask_dtypes(part, HIDDEN_SIZES[1], (torch.uint8, torch.float32))
         return
     arguments = family.qkv(VISIBLE, seed=30, device=part.device)
-    for seed, shape in enumerate(((5, 7), (2, 1, 1, 7), (2, 3, 5, 7))):
+    for seed, shape in enumerate(((5, 7), (2, 1, 1, 7), (2, 3, 5, 7), (7,), (3, 5, 7))):
         mask = family.mask(shape, seed=31 + seed, device=part.device)
-        yield family.attention_check(part, {**arguments, "mask": mask}, VISIBLE, family.builtin())
-    yield from _visible(part, 35, family.builtin(), masked=True)
+        answer = family.builtin() if len(shape) > 1 else _nan_answer(_nan_attention)  # F.sdpa wants 2 axes
+        yield family.attention_check(part, {**arguments, "mask": mask}, VISIBLE, answer)
+    yield from _visible(part, 36, family.builtin(), masked=True)
+    yield _empty_rows_check(part, VISIBLE, 39, torch.float64)  # the docstring's NaN rows
+    yield from _mask_dtypes(part, VISIBLE, (torch.int64,))
+
+
+def _mask_dtypes(part: Part, sizes: Sizes, dtypes: tuple[torch.dtype, ...]) -> Iterator[Check]:
+    """Calls with a mask of 0/1 in each of ``dtypes``: the docstring's TypeError."""
+    arguments = family.qkv(sizes, seed=290, device=part.device)
+    mask = family.mask(family.mask_shape(sizes), seed=291, device=part.device)
+    for dtype in dtypes:
+        call = part.call(**{**arguments, "mask": mask.to(dtype)})
+        yield raises(call, "TypeError", f"if mask is not boolean (here {dtype})", SDPA_TEXT["mask dtype"])
 
 
 @behaviour(function="scaled_dot_product_attention", points=1, hints=SDPA_HINTS)
@@ -269,8 +519,13 @@ def sdpa_dtype_and_inputs(part: Part) -> Iterator[Check]:
     if part.hidden:
         dtypes = (torch.float16, torch.bfloat16, torch.float32)
         yield from family.hidden_checks(part, _inputs(part, True), dtypes, seed=250, formats=True)
+        for case, sizes in enumerate(HIDDEN_SIZES):  # rows that allow no key, in half precision
+            dtype = (torch.float16, torch.bfloat16)[case % 2]
+            yield _empty_rows_check(part, sizes, 300 + 10 * case, dtype, formats=True)
         return
     yield from _visible(part, 40, family.plain(), masked=True, dtypes=DTYPES, formats=True)
+    for dtype in (torch.float16, torch.bfloat16):  # rows that allow no key are NaN in half precision too
+        yield _empty_rows_check(part, VISIBLE, 48, dtype, formats=True)
 
 
 @behaviour(function="scaled_dot_product_attention", points=1, hints=SDPA_HINTS)
@@ -315,6 +570,12 @@ unscaled: the estimate does not depend on how q . k is scaled: it looks like the
 samples: the estimate does not use exactly n_samples independent (q, k) pairs
 generator: some draws ignore the generator; pass generator=generator to every torch.randn call, so that
     results are reproducible
+global: with generator=None the samples must come from torch's global generator (torch.randn(...,
+    generator=None)), which torch.manual_seed seeds: a new torch.Generator() starts from the same fixed seed
+    at every call
+float: return a Python float, as the docstring says: dots.var().item() (or float(...)), not the tensor
+arguments: check the arguments first: raise ValueError if d_k < 1 or n_samples < 2 (a variance needs two
+    samples; torch returns NaN or 0 instead of an error)
 """)
 
 
@@ -377,6 +638,10 @@ def _variance_theory(part: Part, scaled: bool) -> Iterator[Check]:
 def variance_unscaled(part: Part) -> Iterator[Check]:
     """The estimate of Var(q . k) is close to d_k for d_k = 16, 64 and 256."""
     yield from _variance_theory(part, scaled=False)
+    # the docstring's ValueError: d_k < 1 or n_samples < 2
+    for d_k, n_samples in ((-2, 50), (4, 0)) if part.hidden else ((0, 50), (4, 1)):
+        call = part.call(d_k=d_k, n_samples=n_samples, scaled=False, generator=Seeded(9))
+        yield raises(call, "ValueError", "if d_k < 1 or n_samples < 2", VARIANCE["arguments"])
 
 
 def _estimates(calls: tuple[Call, ...], results: tuple[Any, ...]) -> torch.Tensor:
@@ -460,5 +725,31 @@ def variance_is_estimate(part: Part) -> Iterator[Check]:
     d_k, n_samples = (8, 600) if part.hidden else (32, 400)
     yield _reproducible(part, d_k, n_samples)
     yield _spread(part, d_k, n_samples)
-    call = part.call(d_k=d_k, n_samples=n_samples, scaled=False, generator=None)
-    yield Check(call, lambda result: _estimate(result, call))  # the global generator must work too
+    yield _global_generator(part, d_k, n_samples)
+
+
+def _global_generator(part: Part, d_k: int, n_samples: int) -> Check:
+    """Two calls with generator=None and scaled left out: Python floats near d_k, drawn from torch's global
+    generator (seeded differently before each call, so the two estimates differ)."""
+    calls = (part.call(d_k=d_k, n_samples=n_samples, generator=None),) * 2
+
+    def judge(*results: Any) -> None:
+        for result, call in zip(results, calls, strict=True):
+            if not isinstance(result, float):
+                fail(f"{call} returned {describe(result)}, not a Python float.", VARIANCE["float"])
+        first, second = results
+        tolerance = 5 * relative_standard_error(d_k, n_samples) * d_k
+        if not abs(first - d_k) <= tolerance:
+            fail(
+                f"{calls[0]} returned {first:.5g}; with scaled left out (False) the theory gives {d_k} "
+                f"within {tolerance:.3g}.",
+                _variance_hint(first, d_k, n_samples, False),
+            )
+        if first == second:
+            fail(
+                f"two calls with generator=None, after different seeds of torch's global generator, returned "
+                f"the same estimate {first:.6g}.",
+                VARIANCE["global"],
+            )
+
+    return Check(calls, judge)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -66,7 +67,23 @@ causal q_len k_len: the mask is [q_len, k_len]: add the batch and heads axes in 
 causal 1 q_len k_len: one axis is missing: the mask is [1, 1, q_len, k_len] (mask[None, None])
 causal 1 1 k_len q_len: the axes are swapped: rows are queries (q_len), columns keys (k_len)
 causal 1 1 q_len q_len: the k_len argument is ignored: the mask has k_len columns, one per key
+causal more queries: the mask has q_len rows, one per query, also when q_len > k_len (then the first
+    q_len - k_len queries attend no key): tril(diagonal=k_len - q_len) of a [q_len, k_len] tensor gives them
+padding not 2-D: check tokens.dim() == 2 first and raise ValueError: tokens of another number of axes ([len],
+    [batch, 1, len]) give a mask of the wrong shape, or an IndexError that does not say what is wrong
+causal sizes: check q_len >= 1 and k_len >= 1 first (after k_len defaults to q_len, when it is None) and raise
+    ValueError: torch.ones(0, k_len) makes an empty mask without complaint. Note `k_len or q_len` also
+    replaces k_len=0, which must raise
+combine type: check each mask's dtype (mask.dtype != torch.bool) and raise TypeError: & of a float and a bool
+    tensor fails with another error, and a single 0/1 float or integer mask would pass through unchecked
+combine shapes: masks whose shapes do not broadcast raise the RuntimeError of & (or torch.logical_and)
+    itself: let it propagate rather than catch it and raise another type
+masked type: check mask.dtype != torch.bool first and raise TypeError: a 0/1 integer or float mask (Hugging
+    Face's attention_mask) is the caller's to convert with mask.bool(); mask == 0 or logical_not() would
+    silently accept it
 causal_mask raised meta tensor: the check uses the 'meta' device (shapes, no data): avoid .item(), .tolist()
+causal_mask raised device() received an invalid: device defaults to None (PyTorch's default device):
+    pass it on as it is, torch.ones(..., device=device); torch.device(None) raises
 causal_mask raised NoneType: k_len defaults to None: set k_len = q_len when it is None
 combine_masks raised NoneType: None stands for 'no mask' and must be skipped: `if mask is None: continue`
 combine_masks raised doesn't match the broadcast shape: an in-place `&=` cannot grow its left side to the
@@ -75,6 +92,46 @@ combine_masks raised stack expects each tensor: torch.stack needs masks of one s
 masked_attention raised NoneType: mask may be None (no mask at all): handle it with `if mask is not None:`
 masked_attention raised size of tensor | must match the size: mask.any(dim=-1) must keep the key axis
     (keepdim=True) to broadcast against the scores; with leading axes, use key.transpose(-2, -1), not key.T
+""")
+
+
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+padding_mask tokens: padding_mask_values, padding_mask_shape; [batch, len] int64 and int32, padded on the
+    right to random lengths, a row without padding and one of padding only
+padding_mask pad_id: padding_mask_values; left to its default 0, given 0, 1 (where 0 is a word) and 17
+padding_mask returns: padding_mask_values, padding_mask_shape; True exactly where tokens != pad_id, boolean
+    [batch, 1, 1, len], on the tokens' device (the checks' device)
+padding_mask raises ValueError: padding_mask_shape; tokens of 1, 3 and 4 axes
+causal_mask q_len: causal_mask_square, causal_mask_bottom_right, causal_mask_boolean; 1 to 9, below, equal to
+    and above k_len (above: the first q_len - k_len rows attend no key, shape judged)
+causal_mask k_len: causal_mask_square, causal_mask_bottom_right, causal_mask_boolean; left out (q_len), equal
+    to q_len, larger by 1 to 9
+causal_mask device: causal_mask_device; 'meta' as a string and a torch.device, the CPU, the checks' device,
+    and left out (PyTorch's default device)
+causal_mask returns: causal_mask_boolean, causal_mask_square, causal_mask_bottom_right; boolean [1, 1, q_len,
+    k_len], query i may attend key j when j <= i + k_len - q_len
+causal_mask raises ValueError: causal_mask_boolean; q_len 0, k_len 0, both 0, q_len 0 with k_len left out
+causal_mask from scratch: causal_mask_from_scratch; no causal_lower_right, causal_upper_left, CausalBias
+combine_masks masks: combine_masks_and, combine_masks_broadcasts, combine_masks_skips_none; 1 to 3 boolean
+    masks of one shape or of broadcastable shapes, in both orders, None among them, none at all
+combine_masks returns: combine_masks_and, combine_masks_broadcasts, combine_masks_skips_none; their and,
+    boolean, of the broadcast shape, the masks untouched; None when every argument is None
+combine_masks raises TypeError: combine_masks_and; a mask of 0/1 integers (first, or after None) or of 0/1
+    floats (alone, or after a boolean mask)
+combine_masks raises RuntimeError: combine_masks_broadcasts; masks whose shapes do not broadcast
+masked_attention query: masked_attention_matches_sdpa, masked_attention_dtype_and_inputs; query, key and value
+    with 2, 1 and no leading axes, q_len != k_len, d_k != d_v, left unchanged
+masked_attention mask: masked_attention_matches_sdpa, masked_attention_empty_rows,
+    masked_attention_half_precision; [batch, heads, q_len, k_len], [batch, q_len, k_len], [q_len, k_len],
+    padding [batch, 1, 1, k_len], causal [1, 1, q_len, k_len], None; rows that allow no key
+masked_attention returns: masked_attention_matches_sdpa, masked_attention_empty_rows,
+    masked_attention_half_precision, masked_attention_dtype_and_inputs; SDPA's output and softmax's weights,
+    zero weights and output in rows with no key (float64, float32, float16, bfloat16), the query's dtype and
+    device
+masked_attention raises TypeError: masked_attention_dtype_and_inputs; a mask of 0/1 integers, and of 0/1
+    floats of the query's dtype
+masked_attention from scratch: masked_attention_from_scratch; no built-in attention
 """)
 
 
@@ -172,6 +229,11 @@ def padding_mask_shape(part: Part) -> Iterator[Check]:
         (batch, length), call = tokens.shape, _call(part, tokens=tokens, pad_id=pad_id)
         hints, device = shapes(TEXT, "padding", batch=batch, len=length), (tokens.device, TEXT["moved"])
         yield _mask(call, (batch, 1, 1, length), hints=hints, dtype=TEXT["padding dtype"], device=device)
+    # the docstring's ValueError: tokens of one axis, and of three (a [batch, 1, len] mask given as tokens)
+    for shape in ((4,), (2, 1, 5)) if not part.hidden else ((7,), (3, 2, 4), (1, 1, 1, 6)):
+        tokens = torch.arange(1, 1 + math.prod(shape), device=part.device).reshape(shape)
+        condition = f"for tokens of shape {list(shape)} (not [batch, len])"
+        yield engine.raises(_call(part, tokens=tokens), "ValueError", condition, TEXT["padding not 2-D"])
 
 
 # 2. causal_mask; its rule forbids torch.nn.attention.bias's causal_lower_right, causal_upper_left, CausalBias
@@ -179,7 +241,9 @@ CAUSAL_RULE = FromScratch("the causal mask", ("lower_right", "upper_left", "caus
 # (q_len, k_len) of the visible and the hidden part; k_len None is left out (it defaults to q_len)
 SQUARE = (((5, None), (1, None), (7, None), (4, 4)), ((6, None), (1, None), (8, 8)))
 BOTTOM_RIGHT = (((3, 6), (1, 5), (4, 7), (2, 9)), ((2, 11), (1, 8), (5, 12), (9, 10)))
-CAUSAL_SIZES = (((5, 7), (1, 6)), ((6, 6), (2, 11), (1, 1), (1, 8), (5, 12), (9, 10), (8, 8)))
+CAUSAL_SIZES = (((5, 7), (1, 6), (6, 4)), ((6, 6), (2, 11), (1, 1), (1, 8), (5, 12), (9, 10), (8, 8), (7, 3)))
+# (q_len, k_len) that the docstring refuses with a ValueError; k_len None is left to its default
+CAUSAL_INVALID = (((0, 3), (2, 0), (0, None)), ((0, 1), (4, 0), (0, 0), (0, None)))
 
 
 @behaviour(function="causal_mask", points=1, hints=_hints("causal_mask"))
@@ -213,8 +277,14 @@ def causal_mask_boolean(part: Part) -> Iterator[Check]:
     """causal_mask returns a boolean mask of shape [1, 1, q_len, k_len]."""
     for q_len, k_len in CAUSAL_SIZES[part.hidden]:
         hints = shapes(TEXT, "causal", q_len=q_len, k_len=k_len)
+        if q_len > k_len:  # any other number of rows: the queries that attend no key were dropped
+            hints = {(1, 1, rows, k_len): TEXT["causal more queries"] for rows in range(q_len)} | hints
         call = _call(part, q_len=q_len, k_len=k_len, device=part.device)
         yield _mask(call, (1, 1, q_len, k_len), hints=hints, dtype=TEXT["causal dtype"])
+    for q_len, k_len in CAUSAL_INVALID[part.hidden]:  # the docstring's ValueError
+        call = _call(part, q_len=q_len, k_len=k_len, device=part.device)
+        condition = f"for q_len={q_len}, k_len={k_len} (both must be at least 1)"
+        yield engine.raises(call, "ValueError", condition, TEXT["causal sizes"])
 
 
 @behaviour(function="causal_mask", points=1, hints=_hints("causal_mask"))
@@ -225,6 +295,9 @@ def causal_mask_device(part: Part) -> Iterator[Check]:
     for (q_len, k_len), device in itertools.product(sizes, devices):
         call = _call(part, q_len=q_len, k_len=k_len, device=device)
         yield _mask(call, (1, 1, q_len, k_len), device=(device, TEXT["causal device"]))
+    for q_len, k_len in sizes[:2]:  # device left out (None): PyTorch's default device
+        call = _call(part, q_len=q_len, k_len=k_len)
+        yield _mask(call, (1, 1, q_len, k_len), device=(torch.get_default_device(), TEXT["causal device"]))
 
 
 @behaviour(function="causal_mask", points=1, hints=_hints("causal_mask"))
@@ -271,6 +344,22 @@ def combine_masks_and(part: Part) -> Iterator[Check]:
         mistakes = [(TEXT["or"], torch.stack(masks).any(0)), (only_first, masks[0]), (only_last, masks[-1])]
         expected = functools.partial(answer, *masks)
         yield _mask(_call(part, *masks), masks[0].shape, expected, mistakes, dtype=TEXT["and dtype"])
+    # the docstring's TypeError: a mask that is not boolean, alone, after a boolean one, or beside None
+    for masks in _not_boolean(part, (3, 2, 5, 7) if not part.hidden else (4, 1, 6, 9)):
+        given = ", ".join(describe(mask) for mask in masks if mask is not None)
+        condition = f"when a mask is not boolean ({given})"
+        yield engine.raises(_call(part, *masks), "TypeError", condition, TEXT["combine type"])
+
+
+def _not_boolean(part: Part, shape: Sequence[int]) -> list[list[torch.Tensor | None]]:
+    """Lists of masks with one not boolean: 0/1 integers (as a Hugging Face attention_mask), 0/1 floats.
+
+    Integers come first: & of a bool and a float tensor raises NotImplementedError, which reads as the blank
+    stub's, while & of integers returns, so that a missing check is named."""
+    allowed = family.mask(shape, seed=690, device=part.device)
+    floats, integers = allowed.roll(1, dims=-1).double(), allowed.flip(-1).long()
+    cases = [[integers, allowed], [floats], [allowed, floats]]
+    return cases + ([[None, integers]] if part.hidden else [])
 
 
 def _consistent(part: Part, masks: Sequence[torch.Tensor | None], hint: str, untouched: str = "") -> Check:
@@ -309,6 +398,12 @@ def combine_masks_broadcasts(part: Part) -> Iterator[Check]:
         drawn = (_random_masks(part, shapes, 610 + 10 * case) for case, shapes in enumerate(BROADCAST_SHAPES))
         cases = [order for masks in drawn for order in (masks, masks[::-1])]
     yield from (_consistent(part, masks, TEXT["broadcast"], TEXT["in place"]) for masks in cases)
+    # the docstring's RuntimeError: shapes that do not broadcast
+    pairs = [((3, 1, 5, 7), (2, 1, 5, 7))] if not part.hidden else [((4, 9), (6, 9)), ((2, 1, 6, 9), (6, 8))]
+    for shapes_ in pairs:
+        masks = _random_masks(part, shapes_, seed=695)
+        condition = f"for masks of shapes {[list(s) for s in shapes_]}, which do not broadcast"
+        yield engine.raises(_call(part, *masks), "RuntimeError", condition, TEXT["combine shapes"])
 
 
 @behaviour(function="combine_masks", points=1, hints=_hints("combine_masks"))
@@ -412,6 +507,10 @@ def masked_attention_dtype_and_inputs(part: Part) -> Iterator[Check]:
     dtypes = (torch.float32, torch.bfloat16, torch.float64)
     if part.hidden:
         yield from _hidden(part, "mixed", dtypes, seed=780, formats=True)
+        sizes = family.HIDDEN_SIZES[1]
+        yield from _mask_not_boolean(
+            part, sizes, family.mask(family.mask_shape(sizes), seed=785, device=part.device)
+        )
         return
     causal, padding, _ = _example_masks(part)  # 2, 1, 0 leading axes; no empty rows (the rule's cells)
     mixed = family.mask((5, 7), seed=103, device=part.device, kind="mixed")  # [q_len, k_len]
@@ -419,6 +518,15 @@ def masked_attention_dtype_and_inputs(part: Part) -> Iterator[Check]:
     for dtype, (seed, (sizes, mask)) in itertools.product(dtypes, enumerate(cases)):
         arguments = {**family.qkv(sizes, seed=100 + seed, device=part.device, dtype=dtype), "mask": mask}
         yield family.attention_check(part, arguments, sizes, family.plain(), formats=True)
+    yield from _mask_not_boolean(part, VISIBLE, padding)
+
+
+def _mask_not_boolean(part: Part, sizes: Sizes, mask: torch.Tensor) -> Iterator[Check]:
+    """The docstring's TypeError for a mask of 0/1 floats (of the query's dtype) or of 0/1 integers."""
+    arguments = family.qkv(sizes, seed=109, device=part.device)
+    for wrong in (mask.to(arguments["query"].dtype), mask.long()):
+        condition = f"when the mask is not boolean ({describe(wrong)})"
+        yield engine.raises(part.call(**arguments, mask=wrong), "TypeError", condition, TEXT["masked type"])
 
 
 @behaviour(function="masked_attention", points=1, hints=_hints("masked_attention"))

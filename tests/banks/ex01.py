@@ -14,14 +14,24 @@ from tests.banks._bank import Row
 
 BASES = {
     "gaussian_kernel_weights": """def gaussian_kernel_weights(queries, keys, bandwidth=1.0):
+    if bandwidth <= 0:
+        raise ValueError("the bandwidth must be positive")
     if queries.dim() == 1:
         queries, keys = queries[:, None], keys[:, None]
+    if queries.shape[1:] != keys.shape[1:]:
+        raise ValueError("queries and keys must have the same number of features")
     squared = ((queries[:, None, :] - keys[None, :, :]) ** 2).sum(-1)
     return torch.softmax(-squared / (2 * bandwidth**2), dim=-1)
 """,
     "nadaraya_watson": """def nadaraya_watson(queries, keys, values, bandwidth=1.0):
+    if bandwidth <= 0:
+        raise ValueError("the bandwidth must be positive")
+    if keys.size(0) != values.size(0):
+        raise ValueError("keys and values must have the same number of rows")
     q = queries[:, None] if queries.dim() == 1 else queries
     k = keys[:, None] if keys.dim() == 1 else keys
+    if q.size(-1) != k.size(-1):
+        raise ValueError("queries and keys must have the same number of features")
     squared = ((q[:, None, :] - k[None, :, :]) ** 2).sum(-1)
     weights = torch.softmax(-squared / (2 * bandwidth**2), dim=-1)
     return weights @ values
@@ -54,6 +64,15 @@ REGRESSION = ("nadaraya_watson_table", "nadaraya_watson_shapes", "nadaraya_watso
 CROSS = ("cross_attention_shapes", "cross_attention_matches_formula", "cross_attention_source_permutation")
 SELF = ("self_attention_matches_formula", "self_attention_permutation_equivariance")
 SCALAR_FEATURES = "    if queries.dim() == 1:\n        queries, keys = queries[:, None], keys[:, None]\n"
+BANDWIDTH_CHECKED = '    if bandwidth <= 0:\n        raise ValueError("the bandwidth must be positive")\n'
+FEATURES_CHECKED = (
+    "    if queries.shape[1:] != keys.shape[1:]:\n"
+    '        raise ValueError("queries and keys must have the same number of features")\n'
+)
+N_CHECKED = (
+    "    if keys.size(0) != values.size(0):\n"
+    '        raise ValueError("keys and values must have the same number of rows")\n'
+)
 
 
 def every(cells, fragment):
@@ -148,6 +167,27 @@ ROWS = [
     ),
     Row(
         "gaussian_kernel_weights",
+        "float64_inside",  # computed in float64 for precision, never cast back
+        SCALAR_FEATURES,
+        "    queries, keys = queries.double(), keys.double()\n" + SCALAR_FEATURES,
+        {"kernel_weights_rows_sum_to_one": "has dtype torch.float64, expected torch.float32"},
+    ),
+    Row(
+        "gaussian_kernel_weights",
+        "features_not_checked",  # broadcasting raises RuntimeError (or nothing, when one side has d = 1)
+        FEATURES_CHECKED,
+        "",
+        {"kernel_weights_rows_sum_to_one": "should raise ValueError if queries and keys differ"},
+    ),
+    Row(
+        "gaussian_kernel_weights",
+        "bandwidth_not_checked",
+        BANDWIDTH_CHECKED,
+        "",
+        {"kernel_weights_bandwidth": "should raise ValueError if the bandwidth is not positive"},
+    ),
+    Row(
+        "gaussian_kernel_weights",
         "transposed",
         "(queries[:, None, :] - keys[None, :, :])",
         "(keys[:, None, :] - queries[None, :, :])",
@@ -207,6 +247,38 @@ ROWS = [
         "return weights @ values.reshape(values.size(0), -1)",
         every(REGRESSION, "for values [n] the prediction is [m]"),
     ),
+    Row(
+        "nadaraya_watson",
+        "no_max_shift",  # exact for ordinary queries; 0 / 0 for a query far from every key
+        "    weights = torch.softmax(-squared / (2 * bandwidth**2), dim=-1)",
+        "    kernel = torch.exp(-squared / (2 * bandwidth**2))\n"
+        "    weights = kernel / kernel.sum(dim=-1, keepdim=True)",
+        {"nadaraya_watson_bandwidth": "subtract the largest score of each row"},
+    ),
+    Row(
+        "nadaraya_watson",
+        "squeezed_prediction",  # values [n] made [n, 1], then every axis of size 1 squeezed away
+        "return weights @ values",
+        "return (weights @ values.reshape(values.size(0), -1)).squeeze()",
+        {
+            "nadaraya_watson_table": "an axis of size 1 is gone",
+            "nadaraya_watson_shapes": "an axis of size 1 is gone",
+        },
+    ),
+    Row(
+        "nadaraya_watson",
+        "n_not_checked",  # the product raises RuntimeError
+        N_CHECKED,
+        "",
+        {"nadaraya_watson_shapes": "should raise ValueError if keys and values differ"},
+    ),
+    Row(
+        "nadaraya_watson",
+        "bandwidth_not_checked",
+        BANDWIDTH_CHECKED,
+        "",
+        {"nadaraya_watson_bandwidth": "should raise ValueError if the bandwidth is not positive"},
+    ),
     # cross_attention
     Row(
         "cross_attention",
@@ -259,6 +331,22 @@ ROWS = [
         "return torch.nn.functional.scaled_dot_product_attention(query, key, value), weights",
         {"cross_attention_from_scratch": "scaled_dot_product_attention"},
     ),
+    Row(
+        "cross_attention",
+        "checks_with_value_error",  # the docstring says RuntimeError, which the products raise themselves
+        "    query, key, value = x_q @ w_q",
+        "    if x_q.size(-1) != w_q.size(0) or x_kv.size(-1) != w_k.size(0):\n"
+        '        raise ValueError("the feature sizes do not match")\n'
+        "    query, key, value = x_q @ w_q",
+        {"cross_attention_shapes": "raised ValueError"},
+    ),
+    Row(
+        "cross_attention",
+        "exp_without_max",
+        "    weights = torch.softmax(scores, dim=-1)",
+        "    weights = scores.exp()\n    weights = weights / weights.sum(dim=-1, keepdim=True)",
+        cross("subtract the maximum of each row"),
+    ),
     # self_attention
     Row(
         "self_attention",
@@ -296,6 +384,20 @@ ROWS = [
     ),
     Row(
         "self_attention",
+        "asserts_feature_sizes",
+        "    query, key, value = x @ w_q",
+        "    assert x.size(-1) == w_q.size(0) == w_k.size(0) == w_v.size(0)\n    query, key, value = x @ w_q",
+        {"self_attention_matches_formula": "raised AssertionError"},
+    ),
+    Row(
+        "self_attention",
+        "exp_without_max",
+        "    weights = torch.softmax(scores, dim=-1)",
+        "    weights = scores.exp()\n    weights = weights / weights.sum(dim=-1, keepdim=True)",
+        {"self_attention_matches_formula": "subtract the maximum of each row"},
+    ),
+    Row(
+        "self_attention",
         "builtin_output",
         "return weights @ value, weights",
         "return torch.nn.functional.scaled_dot_product_attention(query, key, value), weights",
@@ -320,6 +422,26 @@ def cross_attention__einsum_one_batch_axis(x_q, x_kv, w_q, w_k, w_v):
     return torch.einsum("bmn,bnv->bmv", weights, value), weights
 
 
+def cross_attention__half_returned_as_float16(x_q, x_kv, w_q, w_k, w_v):
+    half = x_q.dtype in (torch.float16, torch.bfloat16)
+    if half:  # compute in float32, round once at the end
+        x_q, x_kv, w_q, w_k, w_v = (t.float() for t in (x_q, x_kv, w_q, w_k, w_v))
+    query, key, value = x_q @ w_q, x_kv @ w_k, x_kv @ w_v
+    weights = torch.softmax(query @ key.transpose(-2, -1) / math.sqrt(query.size(-1)), dim=-1)
+    output = weights @ value
+    return (output.half(), weights.half()) if half else (output, weights)
+
+
+def self_attention__half_returned_as_float16(x, w_q, w_k, w_v):
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if half:
+        x, w_q, w_k, w_v = x.float(), w_q.float(), w_k.float(), w_v.float()
+    query, key, value = x @ w_q, x @ w_k, x @ w_v
+    weights = torch.softmax(query @ key.mT / math.sqrt(query.size(-1)), dim=-1)
+    output = weights @ value
+    return (output.half(), weights.half()) if half else (output, weights)
+
+
 WHOLE = {
     # scalars are right; vectors keep their feature axis, [m, n, d]
     gaussian_kernel_weights__no_feature_sum: every(
@@ -327,6 +449,12 @@ WHOLE = {
         "not summed over the feature axis",
     ),
     cross_attention__einsum_one_batch_axis: cross("use an ellipsis", CROSS),
+    cross_attention__half_returned_as_float16: {
+        "cross_attention_shapes": "has dtype torch.float16, expected torch.bfloat16"
+    },
+    self_attention__half_returned_as_float16: {
+        "self_attention_matches_formula": "has dtype torch.float16, expected torch.bfloat16"
+    },
 }
 
 
@@ -335,8 +463,12 @@ WHOLE = {
 
 
 def gaussian_kernel_weights__cdist(queries, keys, bandwidth=1.0):
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
     if queries.dim() == 1:
         queries, keys = queries.unsqueeze(-1), keys.unsqueeze(-1)
+    if queries.size(-1) != keys.size(-1) or keys.dim() != 2:
+        raise ValueError("queries and keys differ in their number of features")
     squared = torch.cdist(queries, keys) ** 2
     return torch.softmax(-squared / (2 * bandwidth**2), dim=-1)
 
@@ -344,6 +476,8 @@ def gaussian_kernel_weights__cdist(queries, keys, bandwidth=1.0):
 def gaussian_kernel_weights__expanded_manual_softmax(queries, keys, bandwidth=1.0):
     q = queries.reshape(queries.size(0), -1)
     k = keys.reshape(keys.size(0), -1)
+    if bandwidth <= 0 or q.size(1) != k.size(1):
+        raise ValueError("need bandwidth > 0 and queries and keys of the same d")
     # ||q - k||^2 = ||q||^2 - 2 q.k + ||k||^2
     squared = (q * q).sum(-1, keepdim=True) - 2 * q @ k.T + (k * k).sum(-1)
     scores = -squared / (2 * bandwidth * bandwidth)
@@ -352,8 +486,12 @@ def gaussian_kernel_weights__expanded_manual_softmax(queries, keys, bandwidth=1.
 
 
 def gaussian_kernel_weights__float64_logsumexp(queries, keys, bandwidth=1.0):
+    if bandwidth <= 0:
+        raise ValueError("bandwidth must be positive")
     q = queries.double().reshape(len(queries), -1)  # [m, d], d = 1 for scalars
     k = keys.double().reshape(len(keys), -1)  # [n, d]
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"d differs: {q.shape[1]} and {k.shape[1]}")
     scores = -torch.einsum("mnd,mnd->mn", q[:, None] - k[None], q[:, None] - k[None]) / (2 * bandwidth**2)
     return torch.exp(scores - torch.logsumexp(scores, dim=1, keepdim=True)).to(queries.dtype)
 
@@ -361,6 +499,8 @@ def gaussian_kernel_weights__float64_logsumexp(queries, keys, bandwidth=1.0):
 def nadaraya_watson__ratio_of_sums(queries, keys, values, bandwidth=1.0):
     q = queries[:, None] if queries.dim() == 1 else queries
     k = keys[:, None] if keys.dim() == 1 else keys
+    if bandwidth <= 0 or q.size(-1) != k.size(-1) or len(keys) != len(values):
+        raise ValueError("bandwidth <= 0, or queries, keys and values do not fit")
     scores = -((q[:, None, :] - k[None, :, :]) ** 2).sum(-1) / (2 * bandwidth**2)
     kernel = torch.exp(scores - scores.amax(dim=1, keepdim=True))  # [m, n]
     denominator = kernel.sum(dim=1)  # [m]
@@ -372,6 +512,10 @@ def nadaraya_watson__ratio_of_sums(queries, keys, values, bandwidth=1.0):
 def nadaraya_watson__einsum(queries, keys, values, bandwidth=1.0):
     q = queries.reshape(len(queries), -1)
     k = keys.reshape(len(keys), -1)
+    if bandwidth <= 0:
+        raise ValueError("bandwidth must be positive")
+    if q.shape[-1] != k.shape[-1] or k.shape[0] != values.shape[0]:
+        raise ValueError("queries and keys differ in d, or keys and values in n")
     weights = torch.softmax(-torch.cdist(q, k).square() / (2 * bandwidth**2), dim=-1)
     return torch.einsum("mn,n...->m...", weights, values)
 
@@ -409,14 +553,27 @@ def self_attention__scaled_query(x, w_q, w_k, w_v):
     return weights @ value, weights
 
 
+def nadaraya_watson__calls_kernel_weights(queries, keys, values, bandwidth=1.0):
+    if keys.shape[0] != values.shape[0]:
+        raise ValueError("keys and values differ in n")
+    # the notebook's gaussian_kernel_weights (the cell above), with its own ValueErrors
+    return gaussian_kernel_weights(queries, keys, bandwidth) @ values  # noqa: F821
+
+
+def self_attention__calls_cross_attention(x, w_q, w_k, w_v):
+    return cross_attention(x, x, w_q, w_k, w_v)  # noqa: F821 (the notebook's, the cell above)
+
+
 RIGHT = [
     gaussian_kernel_weights__cdist,
     gaussian_kernel_weights__expanded_manual_softmax,
     gaussian_kernel_weights__float64_logsumexp,
     nadaraya_watson__ratio_of_sums,
     nadaraya_watson__einsum,
+    nadaraya_watson__calls_kernel_weights,
     cross_attention__einsum_manual_softmax,
     cross_attention__float32_inside,
     self_attention__einsum,
     self_attention__scaled_query,
+    self_attention__calls_cross_attention,
 ]

@@ -19,6 +19,10 @@ BASES = {
     return exp / exp.sum(dim=dim, keepdim=True)
 """,
     "scaled_dot_product_attention": """def scaled_dot_product_attention(query, key, value, mask=None):
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise ValueError("query and key must share d_k, and key and value k_len")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -26,6 +30,8 @@ BASES = {
     return weights @ value, weights
 """,
     "dot_product_variance": """def dot_product_variance(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("need d_k >= 1 and n_samples >= 2")
     query = torch.randn(n_samples, d_k, generator=generator, dtype=torch.float64)
     key = torch.randn(n_samples, d_k, generator=generator, dtype=torch.float64)
     dots = (query * key).sum(dim=-1)
@@ -39,6 +45,14 @@ MUST_BE_CORRECT = "must be correct before it counts as written from scratch"
 SOFTMAX_VALUES = ("softmax_sums_to_one", "softmax_matches_torch", "softmax_is_stable", "softmax_from_scratch")
 SDPA_VALUES = ("sdpa_matches_builtin", "sdpa_mask", "sdpa_dtype_and_inputs", "sdpa_from_scratch")
 SDPA_ALL = ("sdpa_shapes", *SDPA_VALUES)
+SHAPES_CHECKED = (
+    "    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:\n"
+    '        raise ValueError("query and key must share d_k, and key and value k_len")\n'
+)
+MASK_CHECKED = (
+    '    if mask is not None and mask.dtype != torch.bool:\n        raise TypeError("mask must be boolean")\n'
+)
+SOFTMAX_CALL = "    weights = torch.softmax(scores, dim=-1)\n"
 
 
 def every(cells, fragment):
@@ -140,6 +154,27 @@ ROWS = [
     ),
     Row(
         "softmax",
+        "float64_result",  # computed in float64 for precision, never cast back
+        "    shifted = x",
+        "    x = x.double()\n    shifted = x",
+        {"softmax_sums_to_one": "has dtype torch.float64, expected torch.float32"},
+    ),
+    Row(
+        "softmax",
+        "nan_to_num",  # a slice all -inf must give NaN, as the docstring says
+        "return exp / exp.sum(dim=dim, keepdim=True)",
+        "return torch.nan_to_num(exp / exp.sum(dim=dim, keepdim=True))",
+        {"softmax_sums_to_one": "where NaN is expected"},
+    ),
+    Row(
+        "softmax",
+        "dim_wrapped",  # a dim out of range must raise IndexError
+        "    shifted = x",
+        "    dim = dim % x.dim()\n    shifted = x",
+        {"softmax_sums_to_one": "should raise IndexError"},
+    ),
+    Row(
+        "softmax",
         "builtin_for_half_only",
         "    shifted = x",
         "    if x.dtype in (torch.float16, torch.bfloat16):\n        return x.softmax(dim)\n    shifted = x",
@@ -235,7 +270,53 @@ ROWS = [
         "fill_minus_1e9",
         '~mask, float("-inf")',
         "mask == 0, -1e9",
-        {"sdpa_dtype_and_inputs": "does not fit in float16"},
+        {
+            "sdpa_mask": "spread over keys it may not attend",
+            "sdpa_dtype_and_inputs": "does not fit in float16",
+        },
+    ),
+    Row(
+        "scaled_dot_product_attention",
+        "nan_to_num_weights",  # zeros for a query that may attend no key: ex03's rule, not this docstring's
+        SOFTMAX_CALL,
+        "    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)\n",
+        {"sdpa_mask": "chapter 3's", "sdpa_dtype_and_inputs": "chapter 3's"},
+    ),
+    Row(
+        "scaled_dot_product_attention",
+        "exp_without_max",
+        SOFTMAX_CALL,
+        "    weights = scores.exp()\n    weights = weights / weights.sum(dim=-1, keepdim=True)\n",
+        {"sdpa_matches_builtin": "subtract the maximum of each row", "sdpa_from_scratch": MUST_BE_CORRECT},
+    ),
+    Row(
+        "scaled_dot_product_attention",
+        "shapes_not_checked",
+        SHAPES_CHECKED,
+        "",
+        {"sdpa_shapes": "should raise ValueError if query and key differ in d_k"},
+    ),
+    Row(
+        "scaled_dot_product_attention",
+        "mask_dtype_not_checked",
+        MASK_CHECKED,
+        "",
+        {"sdpa_mask": "should raise TypeError if mask is not boolean"},
+    ),
+    Row(
+        "scaled_dot_product_attention",
+        "mask_sliced_to_scores",  # as a causal buffer is sliced: fails for a mask of fewer axes, [k_len]
+        '        scores = scores.masked_fill(~mask, float("-inf"))\n',
+        "        mask = mask[..., : scores.size(-2), : scores.size(-1)]\n"
+        '        scores = scores.masked_fill(~mask, float("-inf"))\n',
+        {"sdpa_mask": "a [k_len] mask is broadcastable too"},
+    ),
+    Row(
+        "scaled_dot_product_attention",
+        "float64_inside_not_cast_back",  # computed in float64 for precision: float32 inputs give float64
+        "    scores = query",
+        "    query, key, value = query.double(), key.double(), value.double()\n    scores = query",
+        {"sdpa_dtype_and_inputs": "has dtype torch.float64, expected torch.float32"},
     ),
     Row(
         "scaled_dot_product_attention",
@@ -312,6 +393,27 @@ ROWS = [
             "variance_is_estimate": "exactly n_samples",
         },
     ),
+    Row(
+        "dot_product_variance",
+        "arguments_not_checked",
+        '    if d_k < 1 or n_samples < 2:\n        raise ValueError("need d_k >= 1 and n_samples >= 2")\n',
+        "",
+        {"variance_unscaled": "should raise ValueError if d_k < 1 or n_samples < 2"},
+    ),
+    Row(
+        "dot_product_variance",
+        "returns_tensor",
+        "return dots.var().item()",
+        "return dots.var()",
+        {"variance_is_estimate": "not a Python float"},
+    ),
+    Row(
+        "dot_product_variance",
+        "new_generator_for_none",  # a fresh torch.Generator() always starts from the same seed
+        "    query = torch.randn(",
+        "    if generator is None:\n        generator = torch.Generator()\n    query = torch.randn(",
+        {"variance_is_estimate": "returned the same estimate"},
+    ),
 ]
 
 
@@ -320,6 +422,10 @@ ROWS = [
 
 
 def scaled_dot_product_attention__scale_after_softmax(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     scores = query @ key.transpose(-2, -1)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -328,6 +434,10 @@ def scaled_dot_product_attention__scale_after_softmax(query, key, value, mask=No
 
 
 def scaled_dot_product_attention__mask_after_softmax(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
     weights = torch.softmax(scores, dim=-1)
     if mask is not None:
@@ -336,6 +446,10 @@ def scaled_dot_product_attention__mask_after_softmax(query, key, value, mask=Non
 
 
 def scaled_dot_product_attention__scales_query_in_place(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     query /= math.sqrt(query.size(-1))
     scores = query @ key.transpose(-2, -1)
     if mask is not None:
@@ -345,18 +459,103 @@ def scaled_dot_product_attention__scales_query_in_place(query, key, value, mask=
 
 
 def scaled_dot_product_attention__key_times_query(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     scores = key @ query.transpose(-2, -1) / math.sqrt(query.size(-1))
     weights = torch.softmax(scores, dim=-1)
     return weights.transpose(-2, -1) @ value, weights
 
 
 def scaled_dot_product_attention__builtin_output(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     output = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     return output, weights
+
+
+def scaled_dot_product_attention__finfo_min_fill(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
+    scores = torch.einsum("...qd,...kd->...qk", query, key) * query.size(-1) ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    weights = scores.exp() / scores.exp().sum(dim=-1, keepdim=True)
+    return torch.einsum("...qk,...kv->...qv", weights, value), weights
+
+
+def scaled_dot_product_attention__finite_fill_in_half(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+    if mask is not None:  # -inf "is risky in half precision": the largest negative number instead
+        half = scores.dtype in (torch.float16, torch.bfloat16)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min if half else -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ value, weights
+
+
+def scaled_dot_product_attention__half_returned_as_float16(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    if half:  # compute in float32, round once at the end
+        query, key, value = query.float(), key.float(), value.float()
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    output = weights @ value
+    return (output.half(), weights.half()) if half else (output, weights)
+
+
+def scaled_dot_product_attention__squeezes_a_batch_of_one(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
+    if query.dim() == 2:  # one sequence: give it a batch axis, removed at the end
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return (weights @ value).squeeze(0), weights.squeeze(0)
+
+
+def scaled_dot_product_attention__float32_for_every_dtype(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
+    q, k, v = query.float(), key.float(), value.float()  # float32 inside, whatever the inputs
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return (weights @ v).to(query.dtype), weights.to(query.dtype)
+
+
+def softmax__half_returned_as_float16(x, dim=-1):
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    wide = x.float() if half else x  # compute half precision in float32
+    exp = torch.exp(wide - wide.amax(dim=dim, keepdim=True))
+    result = exp / exp.sum(dim=dim, keepdim=True)
+    return result.half() if half else result
 
 
 def softmax__torch_softmax(x, dim=-1):
@@ -376,15 +575,21 @@ def softmax__aten_overload(x, dim=-1):
 
 
 def dot_product_variance__theory_typed_in(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     return 1.0 if scaled else float(d_k)
 
 
 def dot_product_variance__variance_of_components(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     query = torch.randn(n_samples, d_k, generator=generator)
     return query.var().item()
 
 
 def dot_product_variance__variance_of_products(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     query = torch.randn(n_samples, d_k, generator=generator)
     key = torch.randn(n_samples, d_k, generator=generator)
     products = query * key
@@ -394,6 +599,8 @@ def dot_product_variance__variance_of_products(d_k, n_samples, scaled=False, gen
 
 
 def dot_product_variance__uniform_samples(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     query = torch.rand(n_samples, d_k, generator=generator)
     key = torch.rand(n_samples, d_k, generator=generator)
     dots = (query * key).sum(-1)
@@ -401,6 +608,8 @@ def dot_product_variance__uniform_samples(d_k, n_samples, scaled=False, generato
 
 
 def dot_product_variance__ignores_generator(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     query = torch.randn(n_samples, d_k)
     key = torch.randn(n_samples, d_k)
     dots = (query * key).sum(-1)
@@ -408,6 +617,8 @@ def dot_product_variance__ignores_generator(d_k, n_samples, scaled=False, genera
 
 
 def dot_product_variance__only_100_samples(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     query = torch.randn(100, d_k, generator=generator)
     key = torch.randn(100, d_k, generator=generator)
     dots = (query * key).sum(-1)
@@ -415,6 +626,8 @@ def dot_product_variance__only_100_samples(d_k, n_samples, scaled=False, generat
 
 
 def dot_product_variance__quarter_samples_repeated(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     query = torch.randn(n_samples // 4, d_k, generator=generator).repeat(4, 1)
     key = torch.randn(n_samples // 4, d_k, generator=generator).repeat(4, 1)
     dots = (query * key).sum(-1)
@@ -422,6 +635,8 @@ def dot_product_variance__quarter_samples_repeated(d_k, n_samples, scaled=False,
 
 
 def dot_product_variance__theory_plus_noise(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     theory = 1.0 if scaled else float(d_k)
     return theory * (1 + 0.002 * torch.randn(1, generator=generator).item())
 
@@ -437,7 +652,12 @@ WHOLE = {
         "sdpa_dtype_and_inputs": "modified its argument `query` in place"
     },
     scaled_dot_product_attention__key_times_query: every(SDPA_ALL, "the scores are query @ key^T"),
-    scaled_dot_product_attention__builtin_output: {"sdpa_from_scratch": "scaled_dot_product_attention"},
+    # F.scaled_dot_product_attention takes no [k_len] mask, and gives zeros to a query that may attend no key
+    scaled_dot_product_attention__builtin_output: {
+        "sdpa_mask": "Dimension out of range",
+        "sdpa_dtype_and_inputs": "the output of",
+        "sdpa_from_scratch": "scaled_dot_product_attention",
+    },
     softmax__torch_softmax: {"softmax_from_scratch": "calls torch.softmax"},
     softmax__functional_softmax: {"softmax_from_scratch": "torch.nn.functional.softmax"},
     softmax__log_softmax_exp: {"softmax_from_scratch": "log_softmax"},
@@ -469,6 +689,21 @@ WHOLE = {
     },
     dot_product_variance__quarter_samples_repeated: {"variance_is_estimate": "exactly n_samples"},
     dot_product_variance__theory_plus_noise: {"variance_is_estimate": "times the"},
+    scaled_dot_product_attention__finfo_min_fill: {
+        "sdpa_mask": "spread over keys it may not attend",
+        "sdpa_dtype_and_inputs": "spread over keys it may not attend",
+    },
+    scaled_dot_product_attention__finite_fill_in_half: {"sdpa_dtype_and_inputs": "spread over keys"},
+    scaled_dot_product_attention__half_returned_as_float16: {
+        "sdpa_dtype_and_inputs": "has dtype torch.float16, expected torch.bfloat16"
+    },
+    # the docstring: float64 inputs are computed in float64
+    scaled_dot_product_attention__float32_for_every_dtype: every(SDPA_VALUES[:3], "float32's precision")
+    | {"sdpa_from_scratch": MUST_BE_CORRECT},
+    scaled_dot_product_attention__squeezes_a_batch_of_one: {"sdpa_shapes": "an axis of size 1 is gone"},
+    softmax__half_returned_as_float16: {
+        "softmax_sums_to_one": "has dtype torch.float16, expected torch.bfloat16"
+    },
 }
 
 
@@ -493,15 +728,52 @@ def softmax__moved_axis(x, dim=-1):
 
 
 def scaled_dot_product_attention__einsum(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     scores = torch.einsum("...qd,...kd->...qk", query, key) * query.size(-1) ** -0.5
     if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    scores = scores - scores.amax(dim=-1, keepdim=True)
+        scores = scores.masked_fill(~mask, -torch.inf)
+    scores = scores - scores.amax(dim=-1, keepdim=True)  # a row of -inf: -inf - -inf = NaN
     weights = scores.exp() / scores.exp().sum(dim=-1, keepdim=True)
     return torch.einsum("...qk,...kv->...qv", weights, value), weights
 
 
+def scaled_dot_product_attention__float64_inside(query, key, value, mask=None):
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"d_k differs: {query.shape[-1]} and {key.shape[-1]}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"k_len differs: {key.shape[-2]} and {value.shape[-2]}")
+    if mask is not None and mask.dtype is not torch.bool:
+        raise TypeError(f"mask must be boolean, got {mask.dtype}")
+    q, k, v = query.double(), key.double(), value.double()
+    scores = q @ k.transpose(-1, -2) / math.sqrt(k.size(-1))
+    if mask is not None:
+        scores = scores + torch.zeros_like(mask, dtype=scores.dtype).masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights @ v).to(query.dtype), weights.to(query.dtype)
+
+
+def scaled_dot_product_attention__finite_fill_then_nan_rows(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:  # the docstring: a query that may attend no key gets NaN
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), math.nan)
+    return weights @ value, weights
+
+
 def scaled_dot_product_attention__float32_inside(query, key, value, mask=None):
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     wide = torch.promote_types(query.dtype, torch.float32)  # half types are computed in float32
     q, k, v = query.to(wide), key.to(wide), value.to(wide)
     scores = torch.matmul(q / math.sqrt(q.shape[-1]), k.mT)
@@ -512,6 +784,8 @@ def scaled_dot_product_attention__float32_inside(query, key, value, mask=None):
 
 
 def dot_product_variance__biased_mean_of_squares(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     pairs = torch.randn(2, n_samples, d_k, generator=generator, dtype=torch.float64)
     dots = torch.einsum("nd,nd->n", pairs[0], pairs[1])
     if scaled:
@@ -520,6 +794,8 @@ def dot_product_variance__biased_mean_of_squares(d_k, n_samples, scaled=False, g
 
 
 def dot_product_variance__float32_unbiased(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     q = torch.randn(n_samples, d_k, generator=generator)
     k = torch.randn(n_samples, d_k, generator=generator)
     dots = (q * k).sum(dim=1) / (math.sqrt(d_k) if scaled else 1.0)
@@ -527,6 +803,8 @@ def dot_product_variance__float32_unbiased(d_k, n_samples, scaled=False, generat
 
 
 def dot_product_variance__numpy_float(d_k, n_samples, scaled=False, generator=None):
+    if d_k < 1 or n_samples < 2:
+        raise ValueError("d_k must be at least 1 and n_samples at least 2")
     q = torch.randn(n_samples, d_k, generator=generator, dtype=torch.float64)
     k = torch.randn(n_samples, d_k, generator=generator, dtype=torch.float64)
     dots = (q * k).sum(dim=1).numpy()
@@ -541,6 +819,8 @@ RIGHT = [
     softmax__moved_axis,
     scaled_dot_product_attention__einsum,
     scaled_dot_product_attention__float32_inside,
+    scaled_dot_product_attention__float64_inside,
+    scaled_dot_product_attention__finite_fill_then_nan_rows,
     dot_product_variance__biased_mean_of_squares,
     dot_product_variance__float32_unbiased,
     dot_product_variance__numpy_float,

@@ -14,10 +14,14 @@ from tests.banks._bank import Row
 
 BASES = {
     "padding_mask": """def padding_mask(tokens, pad_id=0):
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be [batch, len], got {list(tokens.shape)}")
     return (tokens != pad_id)[:, None, None, :]
 """,
     "causal_mask": """def causal_mask(q_len, k_len=None, device=None):
     k_len = q_len if k_len is None else k_len
+    if q_len < 1 or k_len < 1:
+        raise ValueError(f"q_len and k_len must be at least 1, got {q_len} and {k_len}")
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)[None, None]
 """,
     "combine_masks": """def combine_masks(*masks):
@@ -25,10 +29,14 @@ BASES = {
     for mask in masks:
         if mask is None:
             continue
+        if mask.dtype != torch.bool:
+            raise TypeError(f"masks must be boolean, got {mask.dtype}")
         combined = mask if combined is None else combined & mask
     return combined
 """,
     "masked_attention": """def masked_attention(query, key, value, mask):
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean, got {mask.dtype}")
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
     if mask is None:
         weights = torch.softmax(scores, dim=-1)
@@ -85,7 +93,13 @@ ROWS = [
         "[:, None, :, None]",
         {"padding_mask_shape": "laid along the query axis"},
     ),
-    Row("padding_mask", "true_marks_padding", "!=", "==", {"padding_mask_values": "True marks the padding"}),
+    Row(
+        "padding_mask",
+        "true_marks_padding",
+        "tokens != pad_id",
+        "tokens == pad_id",
+        {"padding_mask_values": "True marks the padding"},
+    ),
     Row(
         "padding_mask",
         "hard_coded_zero",
@@ -145,6 +159,42 @@ ROWS = [
             "causal_mask_square": "set k_len = q_len when it is None",
             "causal_mask_from_scratch": MUST_BE_CORRECT,
         },
+    ),
+    # the docstring's errors, left out or raised as another type
+    Row(
+        "padding_mask",
+        "no_dimension_check",
+        "    if tokens.dim() != 2:\n",
+        "    if False:\n",
+        {"padding_mask_shape": "check tokens.dim() == 2 first and raise ValueError"},
+    ),
+    Row(
+        "causal_mask",
+        "no_size_check",
+        "    if q_len < 1 or k_len < 1:\n",
+        "    if False:\n",
+        {"causal_mask_boolean": "check q_len >= 1 and k_len >= 1 first"},
+    ),
+    Row(
+        "causal_mask",
+        "device_wrapped",
+        "device=device)",
+        "device=torch.device(device))",
+        {"causal_mask_device": "torch.device(None) raises"},
+    ),
+    Row(
+        "combine_masks",
+        "no_type_check",
+        "        if mask.dtype != torch.bool:\n",
+        "        if False:\n",
+        {"combine_masks_and": "check each mask's dtype"},
+    ),
+    Row(
+        "masked_attention",
+        "no_type_check",
+        "    if mask is not None and mask.dtype != torch.bool:\n",
+        "    if False:\n",
+        {"masked_attention_dtype_and_inputs": "check mask.dtype != torch.bool first and raise TypeError"},
     ),
     Row(
         "combine_masks",
@@ -273,8 +323,39 @@ def causal_mask__builtin_lower_right(q_len, k_len=None, device=None):
     from torch.nn.attention.bias import causal_lower_right
 
     k_len = q_len if k_len is None else k_len
+    if q_len < 1 or k_len < 1:
+        raise ValueError("q_len and k_len must be at least 1")
     bias = causal_lower_right(q_len, k_len)
     return bias._materialize(device)[None, None]
+
+
+def causal_mask__k_len_or_q_len(q_len, k_len=None, device=None):
+    k_len = k_len or q_len  # k_len=0 is taken for "not given"
+    if q_len < 1 or k_len < 1:
+        raise ValueError("q_len and k_len must be at least 1")
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)[None, None]
+
+
+def causal_mask__last_rows_of_square(q_len, k_len=None, device=None):
+    k_len = q_len if k_len is None else k_len
+    if q_len < 1 or k_len < 1:
+        raise ValueError("q_len and k_len must be at least 1")
+    square = torch.ones(k_len, k_len, dtype=torch.bool).tril()  # no row for queries before the first key
+    return square[k_len - q_len :].to(device)[None, None]
+
+
+def combine_masks__shape_error_as_value_error(*masks):
+    combined = None
+    for mask in masks:
+        if mask is None:
+            continue
+        if mask.dtype != torch.bool:
+            raise TypeError("masks must be boolean")
+        try:
+            combined = mask if combined is None else combined & mask
+        except RuntimeError as error:
+            raise ValueError(f"the masks do not broadcast: {error}") from None
+    return combined
 
 
 def combine_masks__in_place_and(*masks):
@@ -344,7 +425,20 @@ def masked_attention__mask_after_softmax(query, key, value, mask):
     return weights @ value, weights
 
 
+def masked_attention__logical_not_accepts_any_mask(query, key, value, mask):
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+    if mask is None:
+        weights = torch.softmax(scores, dim=-1)
+        return weights @ value, weights
+    blocked = torch.logical_not(mask)  # 0/1 floats and integers are taken as masks, not refused
+    weights = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
+    weights = weights.masked_fill(blocked.all(dim=-1, keepdim=True), 0.0)
+    return weights @ value, weights
+
+
 def masked_attention__builtin_sdpa(query, key, value, mask):
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask must be boolean")
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
     if mask is None:
         weights = torch.softmax(scores, dim=-1)
@@ -355,6 +449,11 @@ def masked_attention__builtin_sdpa(query, key, value, mask):
     return torch.nan_to_num(output), weights
 
 
+# the documented errors that implementations without a check miss
+SIZES_UNCHECKED, NO_SIZE_CHECK = "causal_mask_boolean", "check q_len >= 1 and k_len >= 1 first"
+NO_TYPE_CHECK = {"combine_masks_and": "check each mask's dtype"}
+NO_MASK_CHECK = {"masked_attention_dtype_and_inputs": "check mask.dtype != torch.bool first"}
+
 WHOLE = {
     causal_mask__ignores_k_len: {
         "causal_mask_bottom_right": "k_len argument is ignored",
@@ -362,22 +461,36 @@ WHOLE = {
         "causal_mask_from_scratch": MUST_BE_CORRECT,
     },
     causal_mask__diagonal_excluded: every(CAUSAL_VALUES, "the diagonal is excluded")
-    | {"causal_mask_from_scratch": MUST_BE_CORRECT},
+    | {"causal_mask_from_scratch": MUST_BE_CORRECT, SIZES_UNCHECKED: NO_SIZE_CHECK},
     causal_mask__true_marks_future: every(CAUSAL_VALUES, "True marks the blocked")
-    | {"causal_mask_from_scratch": MUST_BE_CORRECT},
+    | {"causal_mask_from_scratch": MUST_BE_CORRECT, SIZES_UNCHECKED: NO_SIZE_CHECK},
     causal_mask__builtin_lower_right: {"causal_mask_from_scratch": "causal_lower_right"},
-    combine_masks__in_place_and: {"combine_masks_broadcasts": "combined = combined &"},
-    combine_masks__stack_all: {"combine_masks_broadcasts": "torch.stack needs masks of one shape"},
+    causal_mask__k_len_or_q_len: {"causal_mask_boolean": "`k_len or q_len` also replaces k_len=0"},
+    causal_mask__last_rows_of_square: {"causal_mask_boolean": "also when q_len > k_len"},
+    combine_masks__shape_error_as_value_error: {"combine_masks_broadcasts": "let it propagate"},
+    masked_attention__logical_not_accepts_any_mask: {
+        "masked_attention_dtype_and_inputs": "mask == 0 or logical_not() would silently accept it"
+    },
+    # (the implementations below check no dtype, and so miss the documented TypeError too)
+    combine_masks__in_place_and: {"combine_masks_broadcasts": "combined = combined &", **NO_TYPE_CHECK},
+    combine_masks__stack_all: {
+        "combine_masks_broadcasts": "torch.stack needs masks of one shape",
+        **NO_TYPE_CHECK,
+    },
     combine_masks__float_product: {
         "combine_masks_and": "combine them with &",
         "combine_masks_skips_none": "Start from `combined = None`",
     },
-    combine_masks__none_not_skipped: {"combine_masks_skips_none": "must be skipped"},
-    combine_masks__all_none_is_true: {"combine_masks_skips_none": "Start from `combined = None`"},
+    combine_masks__none_not_skipped: {"combine_masks_skips_none": "must be skipped", **NO_TYPE_CHECK},
+    combine_masks__all_none_is_true: {
+        "combine_masks_skips_none": "Start from `combined = None`",
+        **NO_TYPE_CHECK,
+    },
     masked_attention__weights_fixed_after_output: every(
         RULE, "computed from the weights before they were corrected"
-    ),
-    masked_attention__output_fixed_only: every(RULE, "exp(-inf - (-inf)) = NaN"),
+    )
+    | NO_MASK_CHECK,
+    masked_attention__output_fixed_only: every(RULE, "exp(-inf - (-inf)) = NaN") | NO_MASK_CHECK,
     masked_attention__mask_after_softmax: every(VALUES, "applied after the softmax")
     | {"masked_attention_from_scratch": MUST_BE_CORRECT},
     masked_attention__builtin_sdpa: {"masked_attention_from_scratch": "scaled_dot_product_attention"},
@@ -389,10 +502,14 @@ WHOLE = {
 
 
 def padding_mask__unsqueeze_twice(tokens, pad_id=0):
+    if tokens.ndim != 2:
+        raise ValueError("tokens must be two-dimensional")
     return tokens.ne(pad_id).unsqueeze(1).unsqueeze(2)
 
 
 def padding_mask__view(tokens, pad_id=0):
+    if len(tokens.shape) != 2:
+        raise ValueError(f"expected [batch, len] tokens, got {tuple(tokens.shape)}")
     batch, length = tokens.shape
     return torch.logical_not(tokens == pad_id).view(batch, 1, 1, length)
 
@@ -400,30 +517,40 @@ def padding_mask__view(tokens, pad_id=0):
 def causal_mask__tril_offset(q_len, k_len=None, device=None):
     if k_len is None:
         k_len = q_len
+    if min(q_len, k_len) < 1:
+        raise ValueError("empty mask")
     mask = torch.tril(torch.ones(q_len, k_len, dtype=torch.bool, device=device), diagonal=k_len - q_len)
     return mask.view(1, 1, q_len, k_len)
 
 
 def causal_mask__negated_triu(q_len, k_len=None, device=None):
-    k_len = k_len or q_len
+    k_len = q_len if k_len is None else k_len
+    if q_len <= 0 or k_len <= 0:
+        raise ValueError("q_len and k_len must be positive")
     future = torch.ones(q_len, k_len, device=device).triu(diagonal=k_len - q_len + 1).bool()
     return ~future[None, None]
 
 
-def causal_mask__last_rows_of_square(q_len, k_len=None, device=None):
+def causal_mask__arange_positions(q_len, k_len=None, device=None):
     k_len = q_len if k_len is None else k_len
-    square = torch.ones(k_len, k_len, dtype=torch.bool).tril()
-    return square[k_len - q_len :].to(device)[None, None]
+    if q_len < 1 or k_len < 1:
+        raise ValueError("q_len and k_len must be at least 1")
+    query_position = torch.arange(k_len - q_len, k_len, device=device)  # the last q_len positions
+    return (torch.arange(k_len, device=device) <= query_position[:, None]).view(1, 1, q_len, k_len)
 
 
 def causal_mask__python_loops(q_len, k_len=None, device=None):
     k_len = q_len if k_len is None else k_len
+    if not (q_len >= 1 and k_len >= 1):
+        raise ValueError("q_len and k_len must be at least 1")
     rows = [[j <= i + k_len - q_len for j in range(k_len)] for i in range(q_len)]
     return torch.tensor(rows, dtype=torch.bool, device=device).reshape(1, 1, q_len, k_len)
 
 
 def combine_masks__logical_and(*masks):
     given = [mask for mask in masks if mask is not None]
+    if any(mask.dtype is not torch.bool for mask in given):
+        raise TypeError("masks must be boolean (True = may attend)")
     if len(given) == 0:
         return None
     combined = given[0]
@@ -436,10 +563,15 @@ def combine_masks__broadcast_then_all(*masks):
     given = [mask for mask in masks if mask is not None]
     if not given:
         return None
+    for mask in given:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"a mask of {mask.dtype}: masks are boolean")
     return torch.stack(torch.broadcast_tensors(*given)).all(dim=0)
 
 
 def masked_attention__nan_to_num_before_output(query, key, value, mask):
+    if mask is not None and mask.dtype is not torch.bool:
+        raise TypeError("mask must be boolean")
     scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(query.shape[-1])
     if mask is not None:
         scores = scores.masked_fill(mask.logical_not(), float("-inf"))
@@ -448,6 +580,8 @@ def masked_attention__nan_to_num_before_output(query, key, value, mask):
 
 
 def masked_attention__finfo_min_times_mask(query, key, value, mask):
+    if mask is not None and (mask.is_floating_point() or mask.dtype != torch.bool):
+        raise TypeError("mask must be boolean")
     scores = torch.einsum("...qd,...kd->...qk", query, key) * query.size(-1) ** -0.5
     if mask is None:
         weights = scores.softmax(dim=-1)
@@ -457,6 +591,8 @@ def masked_attention__finfo_min_times_mask(query, key, value, mask):
 
 
 def masked_attention__float32_inside(query, key, value, mask):
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean, got {mask.dtype}")
     wide = torch.promote_types(query.dtype, torch.float32)  # half types are computed in float32
     q, k, v = query.to(wide), key.to(wide), value.to(wide)
     scores = q @ k.mT / math.sqrt(q.size(-1))
@@ -473,7 +609,7 @@ RIGHT = [
     padding_mask__view,
     causal_mask__tril_offset,
     causal_mask__negated_triu,
-    causal_mask__last_rows_of_square,
+    causal_mask__arange_positions,
     causal_mask__python_loops,
     combine_masks__logical_and,
     combine_masks__broadcast_then_all,
