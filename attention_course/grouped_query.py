@@ -232,7 +232,8 @@ def gqa_from_mha(
 
     Args:
         mha: ``nn.MultiheadAttention`` (floating, any device) with one ``in_proj_weight`` (no
-            ``kdim``/``vdim``), no ``add_bias_kv``.
+            ``kdim``/``vdim``), no ``add_bias_kv``; with biases or without (``bias=False``: the result has
+            none either).
         n_kv_heads: the key/value heads of the result, an ``int`` that divides ``mha.num_heads``.
 
     Returns:

@@ -8,6 +8,7 @@ the attention family's core mistakes inside each head.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from attention_course.checks.engine import (
     Part,
     assert_values,
     behaviour,
+    describe,
     fail,
     randn,
 )
@@ -56,6 +58,27 @@ transposed: the weight matrices are used transposed: nn.MultiheadAttention (like
     [out_features, in_features] and computes x @ W^T + b; copy its weights into nn.Linear as they are
 rule: The course's rule (chapter 3): a query whose mask row allows no key gets zero weights, so its
     attention is zero and the output there is w_o's bias alone.
+split errors: check x.dim() == 3 and d_model % n_heads == 0 first and raise ValueError: otherwise view()
+    raises a RuntimeError about sizes, or a tensor of another number of axes is split along the wrong one
+merge errors: check x.dim() == 4 first and raise ValueError: a [batch, len, d_model] tensor (heads already
+    merged) would otherwise be transposed and flattened into nonsense without an error
+dtype kept: the result must keep the dtype of its input: a tensor made with torch.zeros/torch.empty (float32
+    by default) and filled changes it: pass dtype=x.dtype and device=x.device, or use view/transpose/reshape
+module dtype: the weights and the output keep the dtype of the query: a .double()/.float() inside (for a
+    stable softmax, say) must be undone with .to(query.dtype) on every result, the weights too
+module n_heads: check in __init__ that n_heads divides d_model and raise ValueError, before the projections:
+    otherwise the module only fails later in forward, with a RuntimeError of view()
+module mask dtype: check mask.dtype != torch.bool first and raise TypeError: a 0/1 integer or float mask
+    would be accepted by `mask == 0` or logical_not(), and ~ of an integer mask is no mask at all
+load errors: load_torch_weights raises ValueError when torch_mha does not fit the module: another n_heads
+    (the copies succeed, but every head gets the wrong columns) or biases on one side only; compare
+    torch_mha.num_heads and torch_mha.in_proj_bias is None with the module's first
+load returns: load_torch_weights returns the module, `return self` (so that `module.load_torch_weights(m)`
+    can be chained)
+no bias: the module has biases although bias=False: pass bias=bias to each nn.Linear
+entropy dtype: the entropy keeps the dtype of the weights: a .double() inside must be undone, or use
+    torch.xlogy on the weights as they are
+count errors: check d_model >= 1 and d_model % n_heads == 0 first and raise ValueError, as the module does
 """)
     | family.MODULE_TEXT
 )
@@ -77,6 +100,50 @@ entropy batch n_heads q_len k_len: the entropy is a sum over the keys (dim=-1), 
 entropy batch n_heads k_len: the sum runs over the queries (dim=-2); each query's distribution is a row, the
     last axis
 entropy batch n_heads: the entropy is one number per query: sum over the keys only, not over the queries
+""")
+
+
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+split_heads x: split_heads_layout; [batch, len, d_model] float32, float64 (visible), float16 (hidden), left
+    unchanged
+split_heads n_heads: split_heads_layout; 2 to 5 heads, d_head 4
+split_heads returns: split_heads_layout; [batch, n_heads, len, d_head], head i holding features i * d_head ..
+    (i + 1) * d_head - 1, x's dtype (that it is a view is not observable in a recording: not checked)
+split_heads raises ValueError: split_heads_layout; n_heads that does not divide d_model, x of 1, 2 and 4 axes
+merge_heads x: merge_heads_inverse; [batch, n_heads, len, d_head] float32, float64, float16, left unchanged
+merge_heads returns: merge_heads_inverse; [batch, len, n_heads * d_head], head 0's features first, x's dtype
+    (contiguity is not observable in a recording: not checked)
+merge_heads raises ValueError: merge_heads_inverse; x of 2, 3 and 5 axes
+MultiHeadAttention d_model: mha_shapes, mha_matches_torch, mha_gradients; 8 to 20, every size different
+MultiHeadAttention n_heads: mha_shapes, mha_matches_torch; 2 to 5 heads
+MultiHeadAttention bias: mha_matches_torch, mha_gradients; True (its default) and False: the same function
+    as nn.MultiheadAttention(bias=False), 4 d_model^2 parameters
+MultiHeadAttention raises ValueError: mha_shapes; n_heads that does not divide d_model
+MultiHeadAttention.forward query: mha_shapes, mha_matches_torch; [batch, q_len, d_model], q_len != k_len,
+    float64 and float32
+MultiHeadAttention.forward key: mha_matches_torch, mha_gradients; [batch, k_len, d_model], gradients too
+MultiHeadAttention.forward value: mha_matches_torch, mha_gradients; [batch, k_len, d_model], gradients too
+MultiHeadAttention.forward mask: mha_matches_torch, mha_empty_rows; None, [q_len, k_len], [batch, q_len,
+    k_len], [batch, 1, 1, k_len], [batch, n_heads, q_len, k_len]; rows that allow no key in each shape,
+    float64 and float32, a sequence of padding only
+MultiHeadAttention.forward returns: mha_shapes, mha_matches_torch, mha_empty_rows; (output [batch, q_len,
+    d_model], weights [batch, n_heads, q_len, k_len]) as nn.MultiheadAttention(average_attn_weights=False),
+    both in the query's dtype (float32, with and without a mask)
+MultiHeadAttention.forward raises TypeError: mha_shapes; a mask of 0/1 integers, of 0/1 floats
+MultiHeadAttention.load_torch_weights torch_mha: mha_matches_torch, mha_gradients; nn.MultiheadAttention with
+    and without biases
+MultiHeadAttention.load_torch_weights returns: mha_gradients; the module itself
+MultiHeadAttention.load_torch_weights raises ValueError: mha_shapes; another n_heads, biases on one side only
+MultiHeadAttention from scratch: mha_from_scratch; no F.scaled_dot_product_attention or nn.MultiheadAttention
+attention_entropy weights: entropy_in_nats; [batch, n_heads, q_len, k_len], [batch, q_len, k_len], [q_len,
+    k_len], float64 and float32, one-hot, uniform and zero rows
+attention_entropy returns: entropy_in_nats; -sum_j w_j ln w_j in nats, [..., q_len], the weights' dtype
+mha_parameter_count d_model: parameter_count; 768, 64, 20 and 12
+mha_parameter_count n_heads: parameter_count; 12, 8, 5 and 3: the count does not depend on it
+mha_parameter_count bias: parameter_count; True and False
+mha_parameter_count returns: parameter_count; an int, 4 d_model^2 + 4 d_model (4 d_model^2 without biases)
+mha_parameter_count raises ValueError: parameter_count; n_heads that does not divide d_model, d_model 0 and -8
 """)
 
 
@@ -125,7 +192,7 @@ def build_torch_mha(arguments: dict[str, Any]) -> nn.MultiheadAttention:
     weight, bias = arguments["in_proj_weight"], arguments["in_proj_bias"]
     mha = nn.MultiheadAttention(
         arguments["d_model"],
-        arguments["n_heads"],
+        arguments.get("torch_n_heads") or arguments["n_heads"],
         bias=bias is not None,
         batch_first=True,
         device=weight.device,
@@ -141,11 +208,12 @@ def build_torch_mha(arguments: dict[str, Any]) -> nn.MultiheadAttention:
 
 
 WEIGHT_NAMES = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias")
+# (torch_n_heads: nn.MultiheadAttention's n_heads where it differs from the module's, see build_torch_mha)
 
 
 def _prepare(**arguments: Any) -> dict[str, Any]:
     torch_mha = build_torch_mha(arguments) if "in_proj_weight" in arguments else None
-    rest = {name: value for name, value in arguments.items() if name not in WEIGHT_NAMES}
+    rest = {name: value for name, value in arguments.items() if name not in (*WEIGHT_NAMES, "torch_n_heads")}
     return {**rest, "torch_mha": torch_mha}
 
 
@@ -163,14 +231,17 @@ def _forward(cls: Any, *, d_model, n_heads, bias=True, torch_mha=None, query, ke
 
 
 def _gradients(cls: Any, *, d_model, n_heads, bias, torch_mha, query, key, value, mask, probe) -> Any:
-    """The gradients of ``(output * probe).sum()``: of the inputs, and of every parameter (the kernel)."""
-    module = _module(cls, d_model, n_heads, bias, torch_mha, query)
+    """The gradients of ``(output * probe).sum()``: of the inputs, and of every parameter; and what
+    ``load_torch_weights`` returned, ``"the module"`` or the type of what else (the kernel)."""
+    module = cls(d_model, n_heads, bias=bias).to(dtype=query.dtype, device=query.device)
+    loaded = module.load_torch_weights(torch_mha)
+    returned = "the module" if loaded is module else type(loaded).__name__
     inputs = [x.requires_grad_() for x in (query, key, value)]
     output = module(*inputs, mask)
     output = output[0] if isinstance(output, tuple | list) else output
     (output * probe).sum().backward()
     parameters = [(name, p.numel(), p.grad) for name, p in module.named_parameters()]
-    return tuple(x.grad for x in inputs), parameters
+    return tuple(x.grad for x in inputs), parameters, returned
 
 
 def _parameters(cls: Any, *, d_model, n_heads, bias) -> Any:
@@ -307,7 +378,20 @@ def masks(sizes: Sizes, seed: int, device) -> list[torch.Tensor | None]:
 
 def module_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=None, note="") -> Check:
     """One call of the module, against ``nn.MultiheadAttention`` (or ``answer``), mistakes named by rows."""
-    return family.module_check(part, arguments, sizes, answer or torch_answer, mistakes, _hints, note)
+    answer = answer or torch_answer
+    return family.module_check(part, arguments, sizes, answer, distinct(mistakes, answer), _hints, note)
+
+
+def distinct(wrong: Any, answer: Any) -> Any:
+    """``wrong(arguments, index)`` without the mistakes that give the right ``answer(arguments)[index]``: a
+    mistake in the output projection leaves the weights right, and would otherwise be named for weights that
+    are NaN in some rows and right in the others (the mistakes are compared on finite elements)."""
+
+    def found(arguments: dict[str, Any], index: int) -> Iterator[Mistake]:
+        right = answer(arguments)[index]
+        return (m for m in wrong(arguments, index) if not engine.close(m.result, right, torch.float64))
+
+    return found
 
 
 def _formula(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,11 +406,26 @@ def split_heads_layout(part: Part) -> Iterator[Check]:
     """split_heads gives [batch, n_heads, len, d_head], head i holding features i*d_head..(i+1)*d_head-1."""
     cases = (VISIBLE,) if not part.hidden else HIDDEN
     for index, sizes in enumerate(cases):
-        for dtype in (torch.float32,) if not part.hidden else (torch.float64, torch.float16):
+        for dtype in (torch.float32, torch.float64) if not part.hidden else (torch.float64, torch.float16):
             x = randn(
                 (sizes.batch, sizes.q_len, sizes.d_model), seed=40 + index, device=part.device, dtype=dtype
             )
             yield _split_check(part, x, sizes)
+    # the docstring's ValueError: n_heads that does not divide d_model, x not [batch, len, d_model]
+    refused = [((2, 5, 12), 5), ((5, 12), 3), ((2, 3, 5, 12), 3)]
+    if part.hidden:
+        refused = [((3, 4, 20), 3), ((1, 6, 8), 3), ((20,), 5), ((1, 2, 3, 8), 2)]
+    for shape, n_heads in refused:
+        x = randn(shape, seed=45, device=part.device)
+        condition = f"for x {describe(x)} and n_heads={n_heads}"
+        yield engine.raises(part.call(x=x, n_heads=n_heads), "ValueError", condition, TEXT["split errors"])
+
+
+def _dtype_kept(result: torch.Tensor, x: torch.Tensor, call: Call) -> None:
+    """Fail unless ``result`` (of the right values) has the dtype of ``x``, as the docstring promises."""
+    if result.dtype != x.dtype:
+        where = f"the result of {call}"
+        fail(f"{where} has dtype {result.dtype} where x is {x.dtype}.", TEXT["dtype kept"])
 
 
 def _split_check(part: Part, x: torch.Tensor, sizes: Sizes) -> Check:
@@ -341,6 +440,7 @@ def _split_check(part: Part, x: torch.Tensor, sizes: Sizes) -> Check:
     def judge(result: Any) -> None:
         hints = engine.shapes(SHAPES, "split", batch=b, len=length, n_heads=h, d_head=dh)
         assert_values(result, right, f"the result of {call}", mistakes=wrong, hints=hints)
+        _dtype_kept(result, x, call)
 
     return Check(call, judge, untouched=True)
 
@@ -351,7 +451,7 @@ def merge_heads_inverse(part: Part) -> Iterator[Check]:
     cases = (VISIBLE,) if not part.hidden else HIDDEN
     for index, sizes in enumerate(cases):
         b, length, h, dh = sizes.batch, sizes.q_len, sizes.n_heads, sizes.d_head
-        for dtype in (torch.float32,) if not part.hidden else (torch.float64, torch.float16):
+        for dtype in (torch.float32, torch.float64) if not part.hidden else (torch.float64, torch.float16):
             merged = randn((b, length, h * dh), seed=50 + index, device=part.device, dtype=dtype)
             x = merged.view(b, length, h, dh).transpose(1, 2).contiguous()  # as weights @ value makes it
             call = part.call(x=x)
@@ -360,12 +460,20 @@ def merge_heads_inverse(part: Part) -> Iterator[Check]:
                 yield Mistake(TEXT["merge no transpose"], x.reshape(b, length, -1))
                 yield Mistake(TEXT["merge strided"], x.permute(0, 2, 3, 1).reshape(b, length, -1))
 
-            def judge(result: Any, merged=merged, call=call, wrong=wrong, sizes=(b, length, h, dh)) -> None:
+            def judge(
+                result: Any, merged=merged, call=call, wrong=wrong, sizes=(b, length, h, dh), x=x
+            ) -> None:
                 b, length, h, dh = sizes
                 hints = engine.shapes(SHAPES, "merge", batch=b, len=length, n_heads=h, d_head=dh)
                 assert_values(result, merged, f"the result of {call}", mistakes=wrong, hints=hints)
+                _dtype_kept(result, x, call)
 
             yield Check(call, judge, untouched=True)
+    # the docstring's ValueError: x not [batch, n_heads, len, d_head] (3 axes: heads merged already)
+    for shape in ((2, 5, 12), (2, 1, 3, 5, 4)) if not part.hidden else ((3, 4, 20), (6, 8), (1, 2, 2, 3, 4)):
+        x = randn(shape, seed=55, device=part.device)
+        condition = f"for x {describe(x)} (not [batch, n_heads, len, d_head])"
+        yield engine.raises(part.call(x=x), "ValueError", condition, TEXT["merge errors"])
 
 
 @behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=FORWARD)
@@ -387,8 +495,60 @@ def mha_shapes(part: Part) -> Iterator[Check]:
                     f"{sums.flatten()[0]:.3g}).",
                     "the softmax runs over another axis than the keys (dim=-1)",
                 )
+            module_dtype(result, call, torch.float32, TEXT["module dtype"])
 
         yield Check(call, judge)
+        if index:  # (the hidden part: for its first sizes only)
+            continue
+        # the dtype holds with a mask too, rows that allow no key among them (float32, as above)
+        mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
+        mask[0] = False  # a sequence of padding only
+        masked = part.call(**arguments, mask=mask)
+
+        def judge_masked(result: Any, call=masked, sizes=sizes) -> None:
+            family.module_pair(result, call, sizes, _hints)
+            module_dtype(result, call, torch.float32, TEXT["module dtype"])
+
+        yield Check(masked, judge_masked)
+    if not part.hidden:  # (calls that raise: other sizes would add nothing)
+        yield from module_errors(part, (VISIBLE,), seed=66)
+
+
+def module_dtype(result: Any, call: Call, dtype: torch.dtype, hint: str) -> None:
+    """Fail unless the output and the weights of a module's ``result`` (shapes judged) are in ``dtype``."""
+    for which, actual in zip(("output", "weights"), result, strict=False):
+        if actual.dtype != dtype:
+            verb = "are" if which == "weights" else "is"
+            fail(f"the {which} of {call} {verb} {actual.dtype} where the query is {dtype}.", hint)
+
+
+def module_errors(part: Part, cases, seed: int) -> Iterator[Check]:
+    """The documented errors of the module: ValueError of __init__ (n_heads not dividing d_model) and of
+    load_torch_weights (another n_heads, or biases on one side only), TypeError of forward (a mask of 0/1
+    integers or floats)."""
+    for index, sizes in enumerate(cases):
+        arguments = inputs(sizes, seed=seed + 10 * index, device=part.device)
+        plain = {name: arguments[name] for name in ("d_model", "n_heads", "query", "key", "value")}
+        mask = family.mask((sizes.q_len, sizes.k_len), seed=seed + 10 * index, device=part.device)
+        for wrong in (mask.long(), mask.double()):
+            condition = f"when the mask is not boolean ({engine.describe(wrong)})"
+            yield engine.raises(
+                part.call(**plain, mask=wrong), "TypeError", condition, TEXT["module mask dtype"]
+            )
+        n_heads = next(n for n in itertools.count(sizes.n_heads + 1) if sizes.d_model % n)
+        condition = f"from __init__ when n_heads={n_heads} does not divide d_model={sizes.d_model}"
+        call = part.call(**{**plain, "n_heads": n_heads})
+        yield engine.raises(call, "ValueError", condition, TEXT["module n_heads"])
+        other = next(n for n in range(1, sizes.d_model + 1) if sizes.d_model % n == 0 and n != sizes.n_heads)
+        condition = (
+            f"from load_torch_weights when torch_mha has n_heads={other} and the module {sizes.n_heads}"
+        )
+        call = part.call(**arguments, torch_n_heads=other)
+        yield engine.raises(call, "ValueError", condition, TEXT["load errors"])
+        unbiased = inputs(sizes, seed=seed + 10 * index, device=part.device, bias=False)
+        condition = "from load_torch_weights when the module has biases (bias=True) and torch_mha none"
+        call = part.call(**{**unbiased, "bias": True})
+        yield engine.raises(call, "ValueError", condition, TEXT["load errors"])
 
 
 @behaviour(function="MultiHeadAttention", points=3, hints=HINTS, driver=FORWARD)
@@ -415,11 +575,32 @@ def mha_empty_rows(part: Part) -> Iterator[Check]:
     rows are unchanged."""
     cases = (VISIBLE,) if not part.hidden else HIDDEN
     for index, sizes in enumerate(cases):
-        mask = family.mask(
-            (sizes.batch, sizes.q_len, sizes.k_len), seed=90 + index, device=part.device, kind="empty rows"
-        )
-        arguments = inputs(sizes, seed=90 + 10 * index, device=part.device, mask=mask)
-        yield module_check(part, arguments, sizes, _formula, note=TEXT["rule"])
+        masks = empty_row_masks(sizes, 90 + index, part.device)
+        # visible: each shape once; hidden: one by turns, [batch, q_len, k_len] in float64 first
+        for number in (1, 2, 3, 4) if not part.hidden else ((0, 2, 4)[index],):
+            mask, dtype = masks[number]
+            arguments = inputs(
+                sizes, seed=90 + 10 * index + number, device=part.device, dtype=dtype, mask=mask
+            )
+            yield module_check(part, arguments, sizes, _formula, note=TEXT["rule"])
+
+
+def empty_row_masks(sizes: Any, seed: int, device) -> list[tuple[torch.Tensor, torch.dtype]]:
+    """Masks with rows that allow no key, of each accepted shape, and the dtype to try each in: ``[batch,
+    q_len, k_len]`` (float64 and float32), a padding mask ``[batch, 1, 1, k_len]`` whose first sequence is
+    all padding, ``[q_len, k_len]`` and one per head, ``[batch, n_heads, q_len, k_len]``."""
+    b, h, q, k = sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len
+    per_sequence = family.mask((b, q, k), seed=seed, device=device, kind="empty rows")
+    padding = torch.ones(b, 1, 1, k, dtype=torch.bool, device=device)
+    padding[0] = False  # a sequence of padding only: every query of it attends no key
+    padding[1:, ..., -1] = False  # (the others one key shorter)
+    return [
+        (per_sequence, torch.float64),
+        (per_sequence, torch.float32),
+        (padding, torch.float32),
+        (family.mask((q, k), seed=seed + 3, device=device, kind="empty rows"), torch.float64),
+        (family.mask((b, h, q, k), seed=seed + 5, device=device, kind="empty rows"), torch.float64),
+    ]
 
 
 @behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=GRADIENTS)
@@ -430,18 +611,19 @@ def mha_gradients(part: Part) -> Iterator[Check]:
     for index, sizes in enumerate(cases):
         mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
         mask[0, ..., -1] = False  # padding: the first sequence is one key shorter (every row keeps 2 or more)
-        arguments = inputs(sizes, seed=100 + 10 * index, device=part.device, mask=mask)
-        probe = randn((sizes.batch, sizes.q_len, sizes.d_model), seed=109 + index, device=part.device)
-        yield _gradient_check(part, {**arguments, "probe": probe}, sizes)
+        for bias in (True, False) if index == 0 else (index == 1,):  # without biases: 4 d_model^2
+            arguments = inputs(sizes, seed=100 + 10 * index, device=part.device, mask=mask, bias=bias)
+            probe = randn((sizes.batch, sizes.q_len, sizes.d_model), seed=109 + index, device=part.device)
+            yield _gradient_check(part, {**arguments, "probe": probe}, sizes)
 
 
 def _gradient_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Check:
     call = part.call(**arguments)
 
     def judge(result: Any) -> None:
-        if not isinstance(result, tuple) or len(result) != 2:
+        if not isinstance(result, tuple) or len(result) != 3:
             fail(f"{call} returned no gradients.", "the module's forward does not return (output, weights)")
-        grads, parameters = result
+        grads, parameters, returned = result
         names = ("query", "key", "value")
         leaves = {name: arguments[name].detach().double().requires_grad_() for name in names}
         output, _ = build_torch_mha(family.cast(arguments, torch.float64))(
@@ -455,13 +637,19 @@ def _gradient_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Chec
                     "the computation leaves autograd: .detach(), .data, torch.no_grad(), .numpy() or .item()",
                 )
             assert_values(grad, leaves[name].grad, f"the gradient of the {name} through {call}")
-        expected = 4 * sizes.d_model**2 + 4 * sizes.d_model
+        bias, d = arguments["bias"], sizes.d_model
+        expected, formula = (
+            (4 * d * d + 4 * d, "4 d_model^2 + 4 d_model") if bias else (4 * d * d, "4 d_model^2")
+        )
         total = sum(int(n) for _, n, _ in parameters)
         if total != expected:
-            fail(
-                f"the module has {total} parameters, expected 4 d_model^2 + 4 d_model = {expected}.",
-                "the projections are not nn.Linear(d_model, d_model) modules (or nn.Parameter) of the module",
+            cause = (
+                "the projections are not nn.Linear(d_model, d_model) modules (or nn.Parameter) of the module"
             )
+            cause = TEXT["no bias"] if not bias and total == 4 * d * d + 4 * d else cause
+            fail(f"the module has {total} parameters, expected {formula} = {expected} (bias={bias}).", cause)
+        if returned != "the module":
+            fail(f"load_torch_weights returned {returned}, not the module, in {call}.", TEXT["load returns"])
         for name, _, grad in parameters:  # (the key bias's gradient is 0: it shifts a row's scores alike)
             if not isinstance(grad, torch.Tensor) or not torch.isfinite(grad).all():
                 fail(
@@ -509,8 +697,11 @@ def entropy_in_nats(part: Part) -> Iterator[Check]:
         weights[..., 0, 1] = 1.0
         weights[..., 1, :] = 1 / sizes.k_len  # uniform
         weights[:, :, -1] = 0.0  # a query with no allowed key
-        for dtype in (torch.float64,) if not part.hidden else (torch.float64, torch.float32):
+        for dtype in (torch.float64, torch.float32):
             yield _entropy_check(part, weights.to(dtype), sizes)
+        # [..., q_len, k_len]: fewer leading axes too, [batch, q_len, k_len] and [q_len, k_len]
+        yield _entropy_check(part, weights[:, index % sizes.n_heads], sizes)
+        yield _entropy_check(part, weights[-1, 0], sizes)
 
 
 def _entropy_check(part: Part, weights: torch.Tensor, sizes: Sizes) -> Check:
@@ -531,10 +722,15 @@ def _entropy_check(part: Part, weights: torch.Tensor, sizes: Sizes) -> Check:
         )
 
     def judge(result: Any) -> None:
-        hints = _hints(sizes, "entropy")
+        hints = _hints(sizes, "entropy") if weights.dim() == 4 else {}
         assert_values(
             result, right, f"the result of {call}", dtype=weights.dtype, mistakes=wrong, hints=hints
         )
+        if result.dtype != weights.dtype:
+            fail(
+                f"the result of {call} is {result.dtype} where the weights are {weights.dtype}.",
+                TEXT["entropy dtype"],
+            )
 
     return Check(call, judge, untouched=True)
 
@@ -552,6 +748,12 @@ def parameter_count(part: Part) -> Iterator[Check]:
         call = part.call(d_model=d_model, n_heads=n_heads, bias=bias)
         yield Check(
             call, lambda result, call=call, d=d_model, h=n_heads, bias=bias: _count(result, call, d, h, bias)
+        )
+    # the docstring's ValueError: n_heads that does not divide d_model, d_model below 1
+    for d_model, n_heads in ((10, 4), (0, 1)) if not part.hidden else ((12, 5), (0, 3), (-8, 2)):
+        condition = f"for d_model={d_model}, n_heads={n_heads}"
+        yield engine.raises(
+            part.call(d_model=d_model, n_heads=n_heads), "ValueError", condition, TEXT["count errors"]
         )
 
 

@@ -45,6 +45,9 @@ CONVERT_HINTS = (
 same dtype | expected scalar type | expected both | same device: the new module must have the dtype and
     device of mha:
     GroupedQueryAttention(...).to(mha.in_proj_weight) (nn.Linear is made in float32)
+'NoneType' object has no attribute | 'NoneType' object is not: mha may have no biases (bias=False: its
+    in_proj_bias and out_proj.bias are None): build the module with bias=mha.in_proj_bias is not None, and
+    pool and copy the biases only when there are some
 """),
     *HINTS,
 )
@@ -53,6 +56,24 @@ TEXT = (
 tile: the key/value heads are tiled (a, b, a, b: x.repeat(1, n_rep, 1, 1)); query head i must meet key/value
     head i // n_rep, so each head is repeated next to itself (a, a, b, b): x.repeat_interleave(n_rep, dim=1)
 no output projection: the output projection o_proj is missing: the merged heads go through o_proj
+repeat errors: check x.dim() == 4 and n_rep >= 1 first and raise ValueError: repeat_interleave(0) returns an
+    empty tensor, and a tensor of three axes is repeated along the wrong one, without an error
+dtype kept: the result must keep the dtype of x: a tensor made with torch.zeros/torch.empty (float32 by
+    default) and filled changes it: pass dtype=x.dtype and device=x.device, or use repeat_interleave/expand
+module dtype: the weights and the output keep the dtype of the query: a .double()/.float() inside (for a
+    stable softmax, say) must be undone with .to(query.dtype) on every result, the weights too
+module sizes: check in __init__ that n_heads divides d_model and n_kv_heads divides n_heads, and raise
+    ValueError: otherwise n_heads // n_kv_heads silently drops query heads, or view() fails later
+module mask dtype: check mask.dtype != torch.bool first and raise TypeError: a 0/1 integer or float mask
+    would be accepted by `mask == 0` or logical_not(), and ~ of an integer mask is no mask at all
+rule: The course's rule (chapter 3): a query whose mask row allows no key gets zero weights, so its
+    attention is zero and the output there is o_proj's bias alone.
+cache errors: check the sizes first and raise ValueError for a negative one (min(sizes) < 0)
+cache zero: a size of 0 is allowed (an empty cache takes 0 bytes): raise ValueError for negative sizes only
+convert errors: check first that mha has one in_proj_weight (not None: no separate kdim/vdim) and that
+    n_kv_heads divides mha.num_heads, and raise ValueError
+convert bias: mha has no biases (bias=False): the new module must have none either,
+    GroupedQueryAttention(..., bias=False), else its projections keep their random initial biases
 """)
     | family.MODULE_TEXT
 )
@@ -69,6 +90,49 @@ repeat batch n_kv len d_rep: the features are repeated (dim=-1): repeat the head
 repeat n_rep_batch n_kv len d_head: the batch is repeated (dim=0): repeat the heads, dim=1
 repeat batch n_kv n_rep len d_head: the repeats are a new axis: reshape to [batch, n_kv_heads * n_rep, len,
     d_head]
+""")
+
+
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+repeat_kv x: repeat_kv_interleaves; [batch, n_kv_heads, len, d_head], float64, float32, float16, bfloat16,
+    left unchanged
+repeat_kv n_rep: repeat_kv_interleaves; 1 to 5
+repeat_kv returns: repeat_kv_interleaves; head i of the result is head i // n_rep of x, [batch, n_kv_heads *
+    n_rep, len, d_head], x's dtype (that it is x itself for n_rep = 1 is not observable in a recording: its
+    values are checked)
+repeat_kv raises ValueError: repeat_kv_interleaves; n_rep 0 and -1, x of 2, 3 and 5 axes
+GroupedQueryAttention d_model: gqa_shapes, gqa_matches_sdpa; 20 to 40
+GroupedQueryAttention n_heads: gqa_shapes, gqa_matches_sdpa; 4 to 8
+GroupedQueryAttention n_kv_heads: gqa_shapes, gqa_matches_sdpa, gqa_ladder; 1, 2, 3 and n_heads
+GroupedQueryAttention bias: gqa_matches_sdpa; True (its default) and False
+GroupedQueryAttention raises ValueError: gqa_shapes; n_heads that does not divide d_model, n_kv_heads that
+    does not divide n_heads
+GroupedQueryAttention.forward query: gqa_shapes, gqa_matches_sdpa; [batch, q_len, d_model], q_len != k_len,
+    float64 and float32
+GroupedQueryAttention.forward key: gqa_matches_sdpa, gqa_ladder; [batch, k_len, d_model]
+GroupedQueryAttention.forward value: gqa_matches_sdpa, gqa_ladder; [batch, k_len, d_model]
+GroupedQueryAttention.forward mask: gqa_matches_sdpa; None, [q_len, k_len], [batch, q_len, k_len], [batch, 1,
+    1, k_len], [batch, n_heads, q_len, k_len]; rows that allow no key in each shape, float64 and float32
+GroupedQueryAttention.forward returns: gqa_shapes, gqa_matches_sdpa, gqa_ladder; (output [batch, q_len,
+    d_model], weights [batch, n_heads, q_len, k_len]) as SDPA(enable_gqa=True), nn.MultiheadAttention and
+    multi-query attention compute them, in the query's dtype (float32, with and without a mask)
+GroupedQueryAttention.forward raises TypeError: gqa_shapes; a mask of 0/1 integers, of 0/1 floats
+kv_cache_bytes n_layers: kv_cache_values; 0 to 80
+kv_cache_bytes n_kv_heads: kv_cache_values; 1 to 32
+kv_cache_bytes d_head: kv_cache_values; 10 to 128
+kv_cache_bytes seq_len: kv_cache_values; 0 to 8192
+kv_cache_bytes batch: kv_cache_values; 1 to 8
+kv_cache_bytes dtype: kv_cache_values; float16, bfloat16, float32, float64
+kv_cache_bytes returns: kv_cache_values; an int, 2 n_layers n_kv_heads d_head seq_len batch dtype.itemsize;
+    0 for a size 0
+kv_cache_bytes raises ValueError: kv_cache_values; a negative seq_len, n_layers, batch
+gqa_from_mha mha: gqa_from_mha_pools; nn.MultiheadAttention float64, with and without biases
+gqa_from_mha n_kv_heads: gqa_from_mha_pools; 1, 2, 3 and n_heads
+gqa_from_mha returns: gqa_from_mha_pools; key/value head g the mean of mha's heads g r .. g r + r - 1, weights
+    and biases, q and o copied, mha's dtype; mha's function for n_kv_heads = n_heads
+gqa_from_mha raises ValueError: gqa_from_mha_pools; n_kv_heads that does not divide n_heads, an mha with kdim
+    and vdim (no in_proj_weight)
 """)
 
 
@@ -152,10 +216,10 @@ def _forward(cls: Any, *, d_model, n_heads, n_kv_heads, bias=True, query, key, v
     return module(query, key, value, mask)
 
 
-def _shapes(cls: Any, *, d_model, n_heads, n_kv_heads, query, key, value) -> Any:
+def _shapes(cls: Any, *, d_model, n_heads, n_kv_heads, query, key, value, mask=None) -> Any:
     """The module's ``(output, weights)`` and its projections' weight shapes (the kernel)."""
     module = cls(d_model, n_heads, n_kv_heads).to(dtype=query.dtype, device=query.device)
-    output = module(query, key, value)
+    output = module(query, key, value, mask)
     shapes = tuple(tuple(getattr(module, name).weight.shape) for name in PROJECTIONS)
     return (*output, shapes) if isinstance(output, tuple | list) else (output, None, shapes)
 
@@ -165,7 +229,19 @@ def _kv_bytes(fn: Any, *, dtype: str, **sizes: int) -> Any:
 
 
 def _prepare_mha(**arguments: Any) -> dict[str, Any]:
-    rest = {name: value for name, value in arguments.items() if name not in ex04.WEIGHT_NAMES}
+    rest = {name: value for name, value in arguments.items() if name not in (*ex04.WEIGHT_NAMES, "kdim")}
+    if "kdim" in arguments:  # keys and values of another width: separate projections, no in_proj_weight
+        d_model, like = arguments["d_model"], arguments["query"]
+        mha = torch.nn.MultiheadAttention(
+            d_model,
+            arguments["n_heads"],
+            kdim=arguments["kdim"],
+            vdim=arguments["kdim"],
+            batch_first=True,
+            device=like.device,
+            dtype=like.dtype,
+        )
+        return {**rest, "mha": mha}
     return {**rest, "mha": ex04.build_torch_mha(arguments)}
 
 
@@ -290,7 +366,7 @@ def module_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=sdp
 def repeat_kv_interleaves(part: Part) -> Iterator[Check]:
     """repeat_kv repeats each key/value head next to itself: heads [a, b] -> [a, a, b, b], [batch,
     n_kv_heads * n_rep, len, d_head]; n_rep = 1 leaves x as it is."""
-    cases = ((2, 3, 5, 4, 3, torch.float32), (2, 3, 5, 4, 1, torch.float32))
+    cases = ((2, 3, 5, 4, 3, torch.float64), (2, 3, 5, 4, 1, torch.float32))
     if part.hidden:
         cases = (
             (3, 2, 4, 6, 4, torch.float64),
@@ -322,8 +398,18 @@ def repeat_kv_interleaves(part: Part) -> Iterator[Check]:
             )
             right = x.repeat_interleave(n_rep, dim=1)
             assert_values(result, right, f"the result of {call}", mistakes=wrong, hints=hints)
+            if result.dtype != x.dtype:
+                fail(f"the result of {call} is {result.dtype} where x is {x.dtype}.", TEXT["dtype kept"])
 
         yield Check(call, judge, untouched=True)
+    # the docstring's ValueError: n_rep below 1, x not [batch, n_kv_heads, len, d_head]
+    refused = [((2, 3, 5, 4), 0), ((3, 5, 4), 2)]
+    if part.hidden:
+        refused = [((1, 2, 3, 4), -1), ((2, 3, 5, 4), 0), ((6, 4), 3), ((1, 2, 2, 3, 4), 2)]
+    for shape, n_rep in refused:
+        x = randn(shape, seed=19, device=part.device)
+        condition = f"for x {engine.describe(x)} and n_rep={n_rep}"
+        yield engine.raises(part.call(x=x, n_rep=n_rep), "ValueError", condition, TEXT["repeat errors"])
 
 
 @behaviour(function="GroupedQueryAttention", points=1, hints=HINTS, driver=SHAPES_DRIVER)
@@ -355,8 +441,43 @@ def gqa_shapes(part: Part) -> Iterator[Check]:
                         "k_proj and v_proj give n_kv_heads * d_head features, one d_head block per "
                         "key/value head; q_proj gives n_heads * d_head; o_proj maps them back to d_model",
                     )
+            ex04.module_dtype(result[:2], call, torch.float32, TEXT["module dtype"])
 
         yield Check(call, judge)
+        if index:  # (the hidden part: for its first sizes only)
+            continue
+        # the dtype holds with a mask too, rows that allow no key among them (a sequence of padding only)
+        mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
+        mask[0] = False
+        masked = part.call(**{name: arguments[name] for name in names}, mask=mask)
+
+        def judge_masked(result: Any, call=masked, sizes=sizes) -> None:
+            if not isinstance(result, tuple) or len(result) != 3:
+                fail(f"{call} should return a tuple (output, weights).")
+            family.module_pair(result[:2], call, sizes, _hints)
+            ex04.module_dtype(result[:2], call, torch.float32, TEXT["module dtype"])
+
+        yield Check(masked, judge_masked)
+    if not part.hidden:  # (calls that raise: other sizes would add nothing)
+        yield from _module_errors(part, VISIBLE)
+
+
+def _module_errors(part: Part, sizes: Sizes) -> Iterator[Check]:
+    """The documented errors: ValueError of __init__ (n_heads not dividing d_model, n_kv_heads not dividing
+    n_heads), TypeError of forward (a mask of 0/1 integers or floats)."""
+    arguments = inputs(sizes, seed=28, device=part.device, dtype=torch.float32)
+    plain = {name: arguments[name] for name in ("d_model", "n_heads", "n_kv_heads", "query", "key", "value")}
+    mask = family.mask((sizes.q_len, sizes.k_len), seed=29, device=part.device)
+    for wrong in (mask.long(), mask.float()):
+        condition = f"when the mask is not boolean ({engine.describe(wrong)})"
+        yield engine.raises(part.call(**plain, mask=wrong), "TypeError", condition, TEXT["module mask dtype"])
+    n_heads = next(n for n in range(sizes.n_heads + 1, 2 * sizes.d_model) if sizes.d_model % n)
+    n_kv = next(n for n in range(2, sizes.n_heads) if sizes.n_heads % n)
+    for heads, kv in ((n_heads, 1), (sizes.n_heads, n_kv)):
+        what = f"n_heads={heads} does not divide d_model={sizes.d_model}" if heads != sizes.n_heads else ""
+        what = what or f"n_kv_heads={kv} does not divide n_heads={heads}"
+        call = part.call(**{**plain, "n_heads": heads, "n_kv_heads": kv})
+        yield engine.raises(call, "ValueError", f"from __init__ when {what}", TEXT["module sizes"])
 
 
 @behaviour(function="GroupedQueryAttention", points=3, hints=HINTS, driver=FORWARD)
@@ -377,6 +498,17 @@ def gqa_matches_sdpa(part: Part) -> Iterator[Check]:
             yield module_check(part, arguments, sizes)
     if not part.hidden:  # every query head its own key/value head: multi-head attention
         yield module_check(part, inputs(VISIBLE.kv(6), seed=60, device=part.device), VISIBLE.kv(6))
+    # rows that allow no key, masks of each shape: zero weights (the course's rule, which SDPA lacks)
+    for index, sizes in enumerate((VISIBLE,) if not part.hidden else HIDDEN):
+        masks = ex04.empty_row_masks(sizes, 50 + index, part.device)
+        # visible: each shape once; hidden: one shape per size, by turns
+        for number in (1, 2, 3, 4) if not part.hidden else (index * 2,):
+            mask, dtype = masks[number]
+            arguments = inputs(
+                sizes, seed=50 + 10 * index + number, device=part.device, dtype=dtype, mask=mask
+            )
+            wrong = ex04.distinct(mistakes, forward)
+            yield family.module_check(part, arguments, sizes, forward, wrong, _hints, TEXT["rule"])
 
 
 @behaviour(function="GroupedQueryAttention", points=1, hints=HINTS, driver=FORWARD)
@@ -404,12 +536,14 @@ def kv_cache_values(part: Part) -> Iterator[Check]:
         (1, 1, 128, 1, 1, "float16"),  # MQA
         (2, 4, 64, 100, 3, "float32"),
         (2, 4, 64, 100, 3, "bfloat16"),
+        (2, 4, 64, 0, 3, "float16"),  # nothing cached yet
     ]
     if part.hidden:
         cases = [
             (80, 8, 128, 8192, 4, "bfloat16"),
             (6, 3, 10, 7, 5, "float64"),
             (12, 12, 64, 512, 8, "float32"),
+            (0, 8, 128, 10, 1, "bfloat16"),
         ]
     for n_layers, n_kv, d_head, seq_len, batch, dtype in cases:
         sizes = {
@@ -421,8 +555,18 @@ def kv_cache_values(part: Part) -> Iterator[Check]:
         }
         call = part.call(**sizes, dtype=dtype)
         yield Check(
-            call, lambda result, call=call, sizes=sizes, dtype=dtype: _bytes(result, call, sizes, dtype)
+            call,
+            lambda result, call=call, sizes=sizes, dtype=dtype: _bytes(result, call, sizes, dtype),
+            on_raise=TEXT["cache zero"] if 0 in sizes.values() else "",
         )
+    # the docstring's ValueError: a negative size
+    names = ("n_layers", "n_kv_heads", "d_head", "seq_len", "batch")
+    refused = [(2, 4, 64, -1, 3)] if not part.hidden else [(-2, 8, 128, 10, 1), (1, 2, 16, 5, -1)]
+    for values in refused:
+        sizes = dict(zip(names, values, strict=True))
+        negative = next(f"{name}={value}" for name, value in sizes.items() if value < 0)
+        call = part.call(**sizes, dtype="float16")
+        yield engine.raises(call, "ValueError", f"for {negative}", TEXT["cache errors"])
 
 
 def _bytes(result: Any, call: Call, sizes: dict[str, int], dtype: str) -> None:
@@ -469,10 +613,11 @@ def _converted(arguments: dict[str, Any], how: str) -> dict[str, Any]:
     """The grouped-query arguments of ``mha``'s weights pooled ``how`` (float64)."""
     a = family.cast(arguments, torch.float64)
     g, dh = a["n_kv_heads"], a["d_model"] // a["n_heads"]
-    weights, biases = a["in_proj_weight"].chunk(3), a["in_proj_bias"].chunk(3)
+    weights = a["in_proj_weight"].chunk(3)
+    biases = a["in_proj_bias"].chunk(3) if a["in_proj_bias"] is not None else (None,) * 3
     rows = {"q_proj": (weights[0], biases[0])}
     rows |= {
-        f"{n}_proj": (pooled(w, g, dh, how), pooled(b, g, dh, how))
+        f"{n}_proj": (pooled(w, g, dh, how), None if b is None else pooled(b, g, dh, how))
         for n, w, b in zip("kv", weights[1:], biases[1:], strict=True)
     }
     converted = {
@@ -494,9 +639,23 @@ def gqa_from_mha_pools(part: Part) -> Iterator[Check]:
     for index, (sizes, n_kv) in enumerate(cases):
         at = sizes.kv(n_kv)
         ex04_sizes = ex04.Sizes(at.batch, at.q_len, at.k_len, at.d_model, at.n_heads)
-        arguments = ex04.inputs(ex04_sizes, seed=80 + 10 * index, device=part.device)
+        bias = index != 1  # the second without biases: nn.MultiheadAttention(..., bias=False)
+        arguments = ex04.inputs(ex04_sizes, seed=80 + 10 * index, device=part.device, bias=bias)
         arguments = {name: value for name, value in arguments.items() if name not in ("bias", "mask")}
         yield _convert_check(part, {**arguments, "n_kv_heads": n_kv}, at)
+    # the docstring's ValueError: n_kv_heads that does not divide n_heads; separate kdim/vdim projections
+    sizes = VISIBLE if not part.hidden else HIDDEN[2]
+    ex04_sizes = ex04.Sizes(sizes.batch, sizes.q_len, sizes.k_len, sizes.d_model, sizes.n_heads)
+    arguments = ex04.inputs(ex04_sizes, seed=89, device=part.device)
+    arguments = {name: value for name, value in arguments.items() if name not in ("bias", "mask")}
+    n_kv = next(n for n in range(2, sizes.n_heads) if sizes.n_heads % n)
+    condition = f"when n_kv_heads={n_kv} does not divide mha's {sizes.n_heads} heads"
+    yield engine.raises(
+        part.call(**arguments, n_kv_heads=n_kv), "ValueError", condition, TEXT["convert errors"]
+    )
+    call = part.call(**arguments, n_kv_heads=sizes.n_kv_heads, kdim=sizes.d_model // 2)
+    condition = "when mha has keys and values of another width (kdim, vdim: no in_proj_weight)"
+    yield engine.raises(call, "ValueError", condition, TEXT["convert errors"])
 
 
 def _convert_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Check:
@@ -520,8 +679,10 @@ def _convert_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Check
             if sizes.n_kv_heads != sizes.n_heads
             else ex04.torch_answer({**arguments, "mask": None})
         )
+        note = TEXT["convert bias"] if arguments["in_proj_bias"] is None else ""
         for which, actual, index in (("weights", weights, 1), ("output", output, 0)):
             where = f"the {which} of the module of {call}"
-            assert_values(actual, expected[index], where, mistakes=lambda index=index: wrong("out", index))
+            wrong_ = lambda index=index: wrong("out", index)  # noqa: E731
+            assert_values(actual, expected[index], where, mistakes=wrong_, note=note)
 
     return Check(call, judge)

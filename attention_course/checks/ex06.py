@@ -28,6 +28,8 @@ attribute 'self_attn' | attribute 'cross_attn' | attribute 'linear1' | attribute
     linear1, linear2, norm1, norm2, norm3): the checks copy nn.TransformerDecoderLayer's weights into them
 unexpected keyword argument 'use_cache' | takes from 3 to 4 positional arguments: forward takes (target,
     source, mask=None, use_cache=False)
+must both have biases | both have biases: the module has biases although bias=False was given: pass it on,
+    super().__init__(d_model, n_heads, bias=bias)
 """) + tuple(ex04.HINTS)
 TEXT = engine.table("""
 swapped: queries come from the source and keys/values from the target: in cross-attention the queries come
@@ -57,6 +59,30 @@ gelu: the feed-forward network uses GELU: nn.TransformerDecoderLayer's default a
 norms swapped: the layer norms are used in another order: norm1 for self-attention, norm2 for cross-attention,
     norm3 for the feed-forward network
 no final norm: post-LN normalises after every residual sum, the feed-forward network's too (norm3)
+stale in place: the cache was reused although the source tensor was changed in place since: an in-place
+    change keeps the tensor (`is` holds, data_ptr() too) but bumps its version, source._version: keep it with
+    the cache and compare, or keep a copy of the source and compare values
+stale weights: the cache was reused although w_k or w_v changed since (an optimiser step, a new
+    load_torch_weights): keep their versions (p._version for p in the parameters of w_k and w_v), or copies,
+    with the cache and compare them too
+cross dtype: the weights and the output keep the dtype of the target: a .double()/.float() inside (for a
+    stable softmax, say) must be undone with .to(target.dtype) on every result, the weights too
+cross mask dtype: check mask.dtype != torch.bool first and raise TypeError: a 0/1 integer or float mask
+    would be accepted by `mask == 0` or logical_not(), and ~ of an integer mask is no mask at all
+cross n_heads: check that n_heads divides d_model and raise ValueError (the MultiHeadAttention it builds on
+    raises it in __init__)
+cross mask 3d: a [batch, tgt_len, src_len] mask is the same for every head: give it a head axis,
+    mask.unsqueeze(1), so that it broadcasts over the scores [batch, n_heads, tgt_len, src_len]
+rule: The course's rule (chapter 3): a target position whose mask allows no source position gets zero
+    weights, so its attention is zero and the output there is w_o's bias alone.
+source_kv: source_kv(source) returns the pair (keys, values), each [batch, n_heads, src_len, d_head]:
+    w_k(source) and w_v(source) split into heads, as forward uses them
+source_kv cache: source_kv returns the cached keys and values when the cache holds them for this source,
+    unchanged, and the current weights: forward(..., use_cache=True) and source_kv share one cache
+clear: clear_cache() forgets the cached keys and values (self.cache = None, say), so that the next call
+    computes them again
+decoder mask dtype: the masks must stay as they are given: a mask that is not boolean reaches the attentions,
+    which raise TypeError; converting it (mask.bool(), mask == 1) accepts what the docstring refuses
 """)
 SHAPES = engine.table("""
 output batch src_len d_model: the output has one row per source position: the queries come from the target,
@@ -72,6 +98,65 @@ CROSS_MASK = (
     "causal mask [tgt_len, tgt_len] belongs to the self-attention, and does not fit the [tgt_len, src_len] "
     "scores"
 )
+
+
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+MultiHeadAttention d_model: mha_carried_over; exercise 4's module against nn.MultiheadAttention
+MultiHeadAttention n_heads: mha_carried_over; as in exercise 4
+MultiHeadAttention bias: mha_carried_over; biases on here; exercise 4 checks bias=False too
+MultiHeadAttention raises ValueError: mha_carried_over; checked in exercise 4 (mha_shapes), not again here
+MultiHeadAttention.forward query: mha_carried_over; [batch, q_len, d_model], q_len != k_len
+MultiHeadAttention.forward key: mha_carried_over; [batch, k_len, d_model]
+MultiHeadAttention.forward value: mha_carried_over; [batch, k_len, d_model]
+MultiHeadAttention.forward mask: mha_carried_over; None and [batch, q_len, k_len] (the hidden part: every
+    shape)
+MultiHeadAttention.forward returns: mha_carried_over; (output, weights) as nn.MultiheadAttention computes them
+MultiHeadAttention.forward raises TypeError: mha_carried_over; checked in exercise 4 (mha_shapes)
+MultiHeadAttention.load_torch_weights torch_mha: mha_carried_over; every check loads with it
+MultiHeadAttention.load_torch_weights returns: mha_carried_over; checked in exercise 4 (mha_gradients)
+MultiHeadAttention.load_torch_weights raises ValueError: mha_carried_over; checked in exercise 4 (mha_shapes)
+CrossAttention d_model: cross_shapes, cross_matches_torch; 8 to 20
+CrossAttention n_heads: cross_shapes, cross_matches_torch; 2 to 5
+CrossAttention bias: cross_matches_torch; True (its default) and False, as nn.MultiheadAttention(bias=False)
+CrossAttention raises ValueError: cross_shapes; n_heads that does not divide d_model
+CrossAttention.forward target: cross_shapes, cross_matches_torch; [batch, tgt_len, d_model], tgt_len !=
+    src_len and equal (hidden), float64 and float32
+CrossAttention.forward source: cross_matches_torch, cross_source_permutation; [batch, src_len, d_model], its
+    positions permuted
+CrossAttention.forward mask: cross_matches_torch, cross_source_permutation; None, the source padding mask
+    [batch, 1, 1, src_len], [batch, tgt_len, src_len], [tgt_len, src_len], [batch, n_heads, tgt_len, src_len];
+    rows that allow no source position (a source of padding only among them), float64 and float32
+CrossAttention.forward use_cache: cross_cache; step by step, a new source, the same source changed in place,
+    then w_k's and w_v's weights changed in place
+CrossAttention.forward returns: cross_shapes, cross_matches_torch, cross_cache; (output [batch, tgt_len,
+    d_model], weights [batch, n_heads, tgt_len, src_len]) as nn.MultiheadAttention(target, source, source), in
+    the target's dtype (float32, with and without a mask), the same with the cache
+CrossAttention.forward raises TypeError: cross_shapes; a mask of 0/1 integers, of 0/1 floats
+CrossAttention.source_kv source: cross_cache; the source the cache holds
+CrossAttention.source_kv returns: cross_cache; (keys, values) [batch, n_heads, src_len, d_head], from the
+    cache (w_k does not run), computed again after clear_cache
+CrossAttention.clear_cache forgets: cross_cache; source_kv runs w_k again after it
+CrossAttention from scratch: cross_from_scratch; no built-in attention
+DecoderLayer d_model: decoder_matches_torch, decoder_step_by_step; 8 to 20
+DecoderLayer n_heads: decoder_matches_torch, decoder_step_by_step; 2 to 5
+DecoderLayer d_ff: decoder_matches_torch, decoder_step_by_step; 12 to 36
+DecoderLayer norm_first: decoder_matches_torch, decoder_step_by_step; False (post-LN) and True (pre-LN)
+DecoderLayer dropout: decoder_matches_torch; not graded here, as the task says (exercise 7 checks dropout):
+    the layers are built with its default, 0.0, and run in eval()
+DecoderLayer raises ValueError: decoder_matches_torch; not called here: it comes from its MultiHeadAttention,
+    whose ValueError exercise 4 checks (nn.TransformerDecoderLayer cannot be built with such sizes)
+DecoderLayer.forward x: decoder_matches_torch, decoder_step_by_step; [batch, tgt_len, d_model], float64
+DecoderLayer.forward memory: decoder_matches_torch, decoder_step_by_step; [batch, src_len, d_model]
+DecoderLayer.forward self_mask: decoder_matches_torch, decoder_step_by_step; the causal mask [tgt_len,
+    tgt_len], and those of each step
+DecoderLayer.forward memory_mask: decoder_matches_torch, decoder_step_by_step; the source padding mask
+DecoderLayer.forward use_cache: decoder_step_by_step; step by step with use_cache=True
+DecoderLayer.forward returns: decoder_matches_torch, decoder_step_by_step; [batch, tgt_len, d_model] as
+    nn.TransformerDecoderLayer computes it (its dtype: float64 only, not judged)
+DecoderLayer.forward raises TypeError: decoder_matches_torch; a causal mask of 0/1 floats, a padding mask of
+    0/1 integers
+""")
 
 
 @dataclass(frozen=True)
@@ -120,17 +205,19 @@ def mha_carried_over(part: Part) -> Iterator[Check]:
 # 2. cross-attention: inputs, the driver, PyTorch's answer, the mistakes
 
 
-def inputs(sizes: Sizes, *, seed: int, device, dtype=torch.float64, mask=None) -> dict[str, Any]:
+def inputs(sizes: Sizes, *, seed: int, device, dtype=torch.float64, mask=None, bias=True) -> dict[str, Any]:
     """The arguments of one cross-attention call: sizes, ``nn.MultiheadAttention``'s weights, target
-    ``[batch, tgt_len, d_model]``, source ``[batch, src_len, d_model]``, ``mask``."""
+    ``[batch, tgt_len, d_model]``, source ``[batch, src_len, d_model]``, ``mask`` (and ``bias`` when False:
+    a module and weights without biases)."""
     target = randn((sizes.batch, sizes.q_len, sizes.d_model), seed=seed, device=device, dtype=dtype)
     source = randn((sizes.batch, sizes.k_len, sizes.d_model), seed=seed + 1, device=device, dtype=dtype)
     weights = ex04.torch_weights(
-        ex04.Sizes(*_mha_sizes(sizes)), bias=True, seed=seed + 10, device=device, dtype=dtype
+        ex04.Sizes(*_mha_sizes(sizes)), bias=bias, seed=seed + 10, device=device, dtype=dtype
     )
     return {
         "d_model": sizes.d_model,
         "n_heads": sizes.n_heads,
+        **({} if bias else {"bias": False}),
         **weights,
         "target": target,
         "source": source,
@@ -138,20 +225,27 @@ def inputs(sizes: Sizes, *, seed: int, device, dtype=torch.float64, mask=None) -
     }
 
 
-def _cross_module(cls: Any, d_model: int, n_heads: int, torch_mha: Any, like: torch.Tensor) -> Any:
-    module = cls(d_model, n_heads).to(dtype=like.dtype, device=like.device)
-    module.load_torch_weights(torch_mha)
+def _cross_module(
+    cls: Any, d_model: int, n_heads: int, torch_mha: Any, like: torch.Tensor, bias: bool = True
+) -> Any:
+    module = (cls(d_model, n_heads) if bias else cls(d_model, n_heads, bias=False)).to(
+        dtype=like.dtype, device=like.device
+    )
+    if torch_mha is not None:
+        module.load_torch_weights(torch_mha)
     return module
 
 
-def _cross(cls: Any, *, d_model, n_heads, torch_mha, target, source, mask=None) -> Any:
-    """Construct the learner's module, load the weights, and call it (the kernel)."""
-    return _cross_module(cls, d_model, n_heads, torch_mha, target)(target, source, mask)
+def _cross(cls: Any, *, d_model, n_heads, torch_mha, target, source, mask=None, bias=True) -> Any:
+    """Construct the learner's module, load the weights (if any), and call it (the kernel)."""
+    return _cross_module(cls, d_model, n_heads, torch_mha, target, bias)(target, source, mask)
 
 
 def _cached(cls: Any, *, d_model, n_heads, torch_mha, target, source, mask, source2, mask2) -> Any:
     """Decode step by step with ``use_cache=True`` (the first ``t`` target positions at step ``t``), then
-    attend to a new source; count the calls of ``w_k`` (the kernel)."""
+    attend to a new source; count the calls of ``w_k``. Then the new source is changed in place
+    (:data:`SOURCE_CHANGE`), and after it the weights of ``w_k`` and ``w_v`` (:data:`WEIGHT_CHANGE`); the
+    outputs after each (the kernel)."""
     module = _cross_module(cls, d_model, n_heads, torch_mha, target)
     calls = [0]
     hook = module.w_k.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
@@ -160,18 +254,39 @@ def _cached(cls: Any, *, d_model, n_heads, torch_mha, target, source, mask, sour
             steps = [module(target[:, : t + 1], source, mask, use_cache=True) for t in range(target.size(1))]
             key_projections = calls[0]
             new_source = module(target, source2, mask2, use_cache=True)
+            source2.mul_(SOURCE_CHANGE)  # the same tensor, changed in place
+            changed_source = module(target, source2, mask2, use_cache=True)
+            module.w_k.weight.mul_(WEIGHT_CHANGE[0])  # as an optimiser step changes them
+            module.w_v.weight.mul_(WEIGHT_CHANGE[1])
+            changed_weights = module(target, source2, mask2, use_cache=True)
+            # source_kv: from the cache, which holds this source; after clear_cache, computed again
+            before = calls[0]
+            keys_values = module.source_kv(source2)
+            from_cache = calls[0] - before
+            module.clear_cache()
+            module.source_kv(source2)
+            after_clear = calls[0] - before - from_cache
     finally:
         hook.remove()
+    first = [x[0] if isinstance(x, tuple | list) else x for x in (changed_source, changed_weights)]
     return (
         [step[0][:, -1] if isinstance(step, tuple | list) else step for step in steps],
         new_source,
         key_projections,
+        *first,
+        keys_values,
+        (from_cache, after_clear),
     )
+
+
+# how _cached changes the new source in place, then the weights of w_k and w_v (exact in binary)
+SOURCE_CHANGE, WEIGHT_CHANGE = 0.5, (-1.0, 0.5)
 
 
 def _prepare(**arguments: Any) -> dict[str, Any]:
     rest = {name: value for name, value in arguments.items() if name not in ex04.WEIGHT_NAMES}
-    return {**rest, "torch_mha": ex04.build_torch_mha(arguments)}
+    torch_mha = ex04.build_torch_mha(arguments) if "in_proj_weight" in arguments else None
+    return {**rest, "torch_mha": torch_mha}
 
 
 CROSS, CACHED = Driver(_cross, _prepare), Driver(_cached, _prepare)
@@ -217,20 +332,41 @@ def _values_from_target(arguments: dict[str, Any]) -> torch.Tensor:
     return ex04.forward({**a, "value": a["target"]})[0]
 
 
-def cross_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=cross_answer, label="") -> Check:
-    """One call of the learner's cross-attention against ``answer``, its mistakes named."""
+def cross_check(
+    part: Part, arguments: dict[str, Any], sizes: Sizes, answer=cross_answer, label="", note=""
+) -> Check:
+    """One call of the learner's cross-attention against ``answer``, its mistakes named (``note``: the rule
+    the answer follows, said on a mismatch)."""
     call = part.call(label, **arguments) if label else part.call(**arguments)
+    mask = arguments.get("mask")
 
     def judge(result: Any) -> None:
         output, weights = family.module_pair(result, call, sizes, _hints)
         expected = answer(arguments)
         for which, actual, index in (("weights", weights, 1), ("output", output, 0)):
-            wrong = lambda index=index: cross_mistakes(arguments, index)  # noqa: E731
+            right = expected[index]
+            wrong = lambda index=index, right=right: (  # noqa: E731 (see ex04.distinct)
+                m
+                for m in cross_mistakes(arguments, index)
+                if not engine.close(m.result, right, torch.float64)
+            )
             assert_values(
-                actual, expected[index], f"the {which} of {call}", dtype=torch.float64, mistakes=wrong
+                actual,
+                expected[index],
+                f"the {which} of {call}",
+                dtype=arguments["target"].dtype,  # the tolerance of the inputs' dtype
+                mistakes=wrong,
+                note=note,
             )
 
-    return Check(call, judge)
+    is_3d = isinstance(mask, torch.Tensor) and mask.dim() == 3
+    return Check(call, judge, on_raise=TEXT["cross mask 3d"] if is_3d else "")
+
+
+def formula_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 4's computation with the target as query and the source as key and value (float64): the
+    course's rule on rows that allow no source position, where nn.MultiheadAttention gives NaN."""
+    return ex04.forward(_as_mha(arguments))
 
 
 def source_masks(sizes: Sizes, seed: int, device) -> list[torch.Tensor | None]:
@@ -262,8 +398,51 @@ def cross_shapes(part: Part) -> Iterator[Check]:
                     f"the weights of {call} do not sum to 1 over the source positions.",
                     "the softmax runs over another axis than the source positions (dim=-1)",
                 )
+            _dtype(result, call)
 
         yield Check(call, judge)
+        if index:  # (the hidden part: for its first sizes only)
+            continue
+        # the dtype holds with a mask too, rows that allow no key among them (a source of padding only)
+        mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
+        mask[0] = False
+        masked = part.call(**{**arguments, "mask": mask})
+
+        def judge_masked(result: Any, call=masked, sizes=sizes) -> None:
+            _dtype(family.module_pair(result, call, sizes, _hints), call)
+
+        yield Check(masked, judge_masked)
+    if not part.hidden:  # (calls that raise: other sizes would add nothing)
+        yield from _errors(part, VISIBLE)
+
+
+def _dtype(result: Any, call: Any) -> None:
+    """Fail unless the output and the weights (shapes judged) keep the target's dtype, float32."""
+    for which, actual in zip(("output", "weights"), result, strict=False):
+        if actual.dtype != call.arguments["target"].dtype:
+            verb = "are" if which == "weights" else "is"
+            fail(
+                f"the {which} of {call} {verb} {actual.dtype} where the target is float32.",
+                TEXT["cross dtype"],
+            )
+
+
+def _errors(part: Part, sizes: Sizes) -> Iterator[Check]:
+    """The documented errors: TypeError of forward (a mask of 0/1 integers or floats), ValueError of
+    __init__ (n_heads not dividing d_model)."""
+    arguments = inputs(sizes, seed=145, device=part.device, dtype=torch.float32)
+    plain = {name: value for name, value in arguments.items() if name not in ex04.WEIGHT_NAMES}
+    padding = source_masks(sizes, 146, part.device)[1]
+    for wrong in (padding.long(), padding.float()):
+        condition = f"when the mask is not boolean ({engine.describe(wrong)})"
+        yield engine.raises(
+            part.call(**{**plain, "mask": wrong}), "TypeError", condition, TEXT["cross mask dtype"]
+        )
+    n_heads = next(n for n in range(sizes.n_heads + 1, 2 * sizes.d_model) if sizes.d_model % n)
+    condition = f"from __init__ when n_heads={n_heads} does not divide d_model={sizes.d_model}"
+    yield engine.raises(
+        part.call(**{**plain, "n_heads": n_heads}), "ValueError", condition, TEXT["cross n_heads"]
+    )
 
 
 @behaviour(function="CrossAttention", points=2, hints=HINTS, driver=CROSS)
@@ -275,6 +454,26 @@ def cross_matches_torch(part: Part) -> Iterator[Check]:
         for mask in source_masks(sizes, 150 + index, part.device):
             arguments = inputs(sizes, seed=150 + 10 * index, device=part.device, mask=mask)
             yield cross_check(part, arguments, sizes)
+        # the other accepted masks: [batch, tgt_len, src_len] (the same for every head), [tgt_len, src_len]
+        # (hidden: one of them by turns)
+        b, t, k = sizes.batch, sizes.q_len, sizes.k_len
+        for number, shape in enumerate(
+            ((b, t, k), (t, k)) if not part.hidden else (((b, t, k), (t, k))[index % 2],)
+        ):
+            mask = family.mask(shape, seed=155 + 10 * index + number, device=part.device)
+            arguments = inputs(sizes, seed=155 + 10 * index + number, device=part.device, mask=mask)
+            yield cross_check(part, arguments, sizes)
+        if index == 0:  # without biases: CrossAttention(d_model, n_heads, bias=False)
+            padding = source_masks(sizes, 157 + index, part.device)[1]
+            arguments = inputs(sizes, seed=157 + 10 * index, device=part.device, mask=padding, bias=False)
+            yield cross_check(part, arguments, sizes)
+        # rows that allow no source position (a source of padding only, among others): zero weights;
+        # visible: float32 [batch, tgt_len, src_len] and a padding mask; hidden: one by turns (per head too)
+        masks = ex04.empty_row_masks(sizes, 158 + index, part.device)
+        for number in (1, 2) if not part.hidden else ((1, 2, 4)[index],):
+            (mask, dtype), seed = masks[number], 158 + 10 * index + number
+            arguments = inputs(sizes, seed=seed, device=part.device, dtype=dtype, mask=mask)
+            yield cross_check(part, arguments, sizes, formula_answer, note=TEXT["rule"])
     if part.hidden:  # a target as long as the source: a swap of the two no longer shows in the shapes
         sizes = Sizes(2, 6, 6, 12, 3)
         yield cross_check(part, inputs(sizes, seed=159, device=part.device), sizes)
@@ -336,9 +535,9 @@ def _cache_check(part: Part, arguments: dict[str, Any], sizes: Sizes, other: Siz
     new = {**arguments, "source": arguments["source2"], "mask": arguments["mask2"]}
 
     def judge(result: Any) -> None:
-        if not isinstance(result, tuple) or len(result) != 3:
+        if not isinstance(result, tuple) or len(result) != 7:
             fail(f"{call} did not run.")
-        steps, new_source, key_projections = result
+        steps, new_source, key_projections, changed_source, changed_weights, keys_values, counts = result
         expected_output = cross_answer(arguments)[0]
         for t, step in enumerate(steps):
             where = f"the output at target position {t} when decoding step by step with use_cache=True"
@@ -365,8 +564,59 @@ def _cache_check(part: Part, arguments: dict[str, Any], sizes: Sizes, other: Siz
             mistakes=stale,
             hints={(other.batch, other.q_len, other.d_model): ""},
         )
+        # the same source tensor changed in place, then the weights of w_k and w_v: computed again
+        changed = {**new, "source": new["source"] * SOURCE_CHANGE}
+        rows = torch.tensor([1.0, WEIGHT_CHANGE[0], WEIGHT_CHANGE[1]], dtype=torch.float64)
+        in_proj = changed["in_proj_weight"].double() * rows.repeat_interleave(other.d_model)[:, None].to(
+            changed["in_proj_weight"].device
+        )
+        cases = (
+            (changed_source, changed, new, "stale in place", "after the new source was changed in place"),
+            (
+                changed_weights,
+                {**changed, "in_proj_weight": in_proj},
+                changed,
+                "stale weights",
+                "after w_k and w_v were changed in place",
+            ),
+        )
+        for actual, right, before, hint, when in cases:
+            old = lambda before=before, hint=hint: iter([Mistake(TEXT[hint], cross_answer(before)[0])])  # noqa: E731
+            where = f"the output {when} (use_cache=True, the same source tensor)"
+            shapes = {(other.batch, other.q_len, other.d_model): ""}
+            assert_values(
+                actual, cross_answer(right)[0], where, dtype=torch.float64, mistakes=old, hints=shapes
+            )
+        _judge_source_kv(keys_values, counts, {**changed, "in_proj_weight": in_proj}, other)
 
     return Check(call, judge, on_raise=TEXT["stale"] if other != sizes else "")
+
+
+def _judge_source_kv(keys_values: Any, counts: Any, arguments: dict[str, Any], sizes: Sizes) -> None:
+    """source_kv's ``(keys, values)`` of the source of ``arguments`` (its weights), taken from the cache, then
+    computed again after clear_cache (``counts``: the projections of w_k each time)."""
+    where = "source_kv(source) after the module attended to that source with use_cache=True"
+    if not isinstance(keys_values, tuple | list) or len(keys_values) != 2:
+        fail(
+            f"{where} returned {engine.describe(keys_values)}, not a pair (keys, values).", TEXT["source_kv"]
+        )
+    a = family.cast(arguments, torch.float64)
+    biases = a["in_proj_bias"].chunk(3) if a["in_proj_bias"] is not None else (None,) * 3
+    shape = (sizes.batch, sizes.k_len, sizes.n_heads, sizes.d_head)
+    for which, actual, weight, bias in zip(
+        ("keys", "values"), keys_values, a["in_proj_weight"].chunk(3)[1:], biases[1:], strict=True
+    ):
+        right = F.linear(a["source"], weight, bias).reshape(shape).transpose(1, 2)
+        shapes = {(sizes.batch, sizes.k_len, sizes.d_model): TEXT["source_kv"]}
+        assert_values(actual, right, f"the {which} of {where}", dtype=torch.float64, hints=shapes)
+    from_cache, after_clear = counts
+    if from_cache:
+        fail(f"{where} ran w_k again although the cache holds that source's keys.", TEXT["source_kv cache"])
+    if not after_clear:
+        fail(
+            "source_kv(source) after clear_cache() did not run w_k: the cache was not forgotten.",
+            TEXT["clear"],
+        )
 
 
 @behaviour(function="CrossAttention", points=1, hints=HINTS, driver=CROSS)
@@ -614,6 +864,13 @@ def decoder_matches_torch(part: Part) -> Iterator[Check]:
         for norm_first in (False, True):
             arguments = layer_inputs(sizes, seed=200 + 10 * index, device=part.device, norm_first=norm_first)
             yield decoder_check(part, arguments, sizes)
+    # the docstring's TypeError: the causal mask as 0/1 floats, the padding mask as 0/1 integers
+    arguments = layer_inputs(cases[0], seed=205, device=part.device, norm_first=False)
+    for name, kind in (("self_mask", torch.float64), ("memory_mask", torch.long)):
+        wrong = arguments[name].to(kind)
+        condition = f"when {name} is not boolean ({engine.describe(wrong)})"
+        call = part.call(**{**arguments, name: wrong})
+        yield engine.raises(call, "TypeError", condition, TEXT["decoder mask dtype"])
 
 
 @behaviour(function="DecoderLayer", points=1, hints=HINTS, driver=STEPS)

@@ -29,6 +29,8 @@ MHA = """class MultiHeadAttention(nn.Module):
         q, k, v = self.split(self.w_q(query)), self.split(self.w_k(key)), self.split(self.w_v(value))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
         if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask must be boolean, got {mask.dtype}")
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -41,6 +43,10 @@ MHA = """class MultiHeadAttention(nn.Module):
         return output, weights
 
     def load_torch_weights(self, torch_mha):
+        if (torch_mha.embed_dim, torch_mha.num_heads) != (self.d_model, self.n_heads):
+            raise ValueError("torch_mha has other sizes than the module")
+        if (torch_mha.in_proj_bias is None) != (self.w_q.bias is None):
+            raise ValueError("torch_mha and the module must both have biases, or neither")
         with torch.no_grad():
             w_q, w_k, w_v = torch_mha.in_proj_weight.chunk(3)
             self.w_q.weight.copy_(w_q)
@@ -72,6 +78,8 @@ BASES = {
     return -torch.xlogy(weights, weights).sum(dim=-1)
 """,
     "mha_parameter_count": """def mha_parameter_count(d_model, n_heads, bias=True):
+    if d_model < 1 or d_model % n_heads:
+        raise ValueError("n_heads must divide d_model, at least 1")
     return 4 * d_model * d_model + (4 * d_model if bias else 0)
 """,
 }
@@ -176,6 +184,35 @@ ROWS = [
         "self.w_q.weight.copy_(w_q.T)",
         values("does not match"),
     ),
+    # the docstrings' errors, left out
+    Row(
+        "split_heads",
+        "no_divisibility_check",
+        '    if d_model % n_heads:\n        raise ValueError("n_heads must divide d_model")\n',
+        "",
+        {"split_heads_layout": "check x.dim() == 3 and d_model % n_heads == 0 first"},
+    ),
+    Row(
+        "MultiHeadAttention",
+        "load_without_checks",
+        "        if (torch_mha.embed_dim, torch_mha.num_heads) != (self.d_model, self.n_heads):\n",
+        "        if False:\n",
+        {"mha_shapes": "load_torch_weights raises ValueError when torch_mha does not fit"},
+    ),
+    Row(
+        "MultiHeadAttention",
+        "load_returns_nothing",
+        "        return self\n",
+        "",
+        {"mha_gradients": "load_torch_weights returns the module, `return self`"},
+    ),
+    Row(
+        "mha_parameter_count",
+        "no_check",
+        "    if d_model < 1 or d_model % n_heads:\n",
+        "    if False:\n",
+        {"parameter_count": "check d_model >= 1 and d_model % n_heads == 0 first"},
+    ),
     Row(
         "attention_entropy",
         "bits",
@@ -227,6 +264,8 @@ ROWS = [
 MHA_BUILTIN = MHA.replace(
     """        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
         if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask must be boolean, got {mask.dtype}")
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -237,6 +276,8 @@ MHA_BUILTIN = MHA.replace(
 """,
     """        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
         if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask must be boolean, got {mask.dtype}")
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -253,8 +294,83 @@ MHA_NO_PARAMETERS = MHA.replace(
 
 MHA_AVERAGED = MHA.replace("        return output, weights\n", "        return output, weights.mean(dim=1)\n")
 
+# no argument checked: the mask's dtype (its check comes first), n_heads in __init__, torch_mha when loaded
+MHA_NO_CHECKS = (
+    MHA.replace("        if d_model % n_heads:\n", "        if False:\n")
+    .replace("            if mask.dtype != torch.bool:\n", "            if False:\n")
+    .replace(
+        "        if (torch_mha.embed_dim, torch_mha.num_heads) != (self.d_model, self.n_heads):\n",
+        "        if False:\n",
+    )
+    .replace(
+        "        if (torch_mha.in_proj_bias is None) != (self.w_q.bias is None):\n", "        if False:\n"
+    )
+)
+MHA_FLOAT64_WEIGHTS = MHA.replace(
+    "        weights = torch.softmax(scores, dim=-1)\n",
+    "        weights = torch.softmax(scores.double(), dim=-1)  # a stable softmax\n",
+).replace("        heads = weights @ v\n", "        heads = weights.to(v.dtype) @ v\n")
+MHA_MASK_EQ_ZERO = MHA.replace(
+    """            if mask.dtype != torch.bool:
+                raise TypeError(f"mask must be boolean, got {mask.dtype}")
+""",
+    "",
+).replace('scores.masked_fill(~mask, float("-inf"))', 'scores.masked_fill(mask == 0, float("-inf"))')
+MHA_BIAS_IGNORED = (
+    MHA.replace(", bias=bias)", ")")
+    .replace(
+        """        if (torch_mha.in_proj_bias is None) != (self.w_q.bias is None):
+            raise ValueError("torch_mha and the module must both have biases, or neither")
+""",
+        "",
+    )
+    .replace(
+        """            if torch_mha.in_proj_bias is not None:
+                b_q, b_k, b_v = torch_mha.in_proj_bias.chunk(3)
+""",
+        """            in_bias, out_bias = torch_mha.in_proj_bias, torch_mha.out_proj.bias
+            if in_bias is None:  # no biases in torch_mha: zeros compute the same function
+                in_bias, out_bias = torch.zeros(3 * self.d_model), torch.zeros(self.d_model)
+            if True:
+                b_q, b_k, b_v = in_bias.chunk(3)
+""",
+    )
+    .replace("self.w_o.bias.copy_(torch_mha.out_proj.bias)", "self.w_o.bias.copy_(out_bias)")
+)
+MHA_EMPTY_ROWS_3D_ONLY = MHA.replace(
+    """            if mask.dim() == 3:
+                mask = mask.unsqueeze(1)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        if mask is not None:
+            weights = torch.nan_to_num(weights, nan=0.0)
+""",
+    """            per_sequence = mask.dim() == 3  # a sequence's own mask may leave a query no key
+            if per_sequence:
+                mask = mask.unsqueeze(1)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        if mask is not None and per_sequence:
+            weights = torch.nan_to_num(weights, nan=0.0)
+""",
+)
+
 # whole-class sources, each with the exercise's name
 CLASSES = {
+    "checks_nothing": (
+        MHA_NO_CHECKS,
+        {"mha_shapes": "check mask.dtype != torch.bool first and raise TypeError"},
+    ),
+    "float64_weights_returned": (MHA_FLOAT64_WEIGHTS, {"mha_shapes": "must be undone with .to(query.dtype)"}),
+    "mask_eq_zero_accepts_integers": (MHA_MASK_EQ_ZERO, {"mha_shapes": "would be accepted by `mask == 0`"}),
+    "bias_flag_ignored": (
+        MHA_BIAS_IGNORED,
+        {
+            "mha_gradients": "has biases although bias=False",
+            "mha_shapes": "biases on one side only",  # zeros for missing biases rather than the ValueError
+        },
+    ),
+    "empty_rows_fixed_for_3d_masks_only": (MHA_EMPTY_ROWS_3D_ONLY, {"mha_empty_rows": "contains NaN or inf"}),
     "weights_averaged_over_heads": (
         MHA_AVERAGED,
         {
@@ -274,18 +390,66 @@ def attention_entropy__mean_over_keys(weights):
     return -torch.xlogy(weights, weights).mean(dim=-1)
 
 
-WHOLE = {attention_entropy__mean_over_keys: {"entropy_in_nats": "mean over the keys"}}
+def attention_entropy__float64_inside(weights):
+    wide = weights.double()  # ln of small weights, more exactly
+    return -torch.xlogy(wide, wide).sum(dim=-1)
+
+
+def attention_entropy__fixed_axes(weights):
+    return -torch.xlogy(weights, weights).sum(dim=3)  # [batch, n_heads, q_len, k_len] only
+
+
+def split_heads__unflatten_no_checks(x, n_heads):
+    return x.unflatten(-1, (n_heads, x.size(-1) // n_heads)).transpose(1, 2)
+
+
+def split_heads__zeros_filled(x, n_heads):
+    batch, length, d_model = x.shape
+    if d_model % n_heads:
+        raise ValueError("n_heads must divide d_model")
+    d_head = d_model // n_heads
+    heads = torch.zeros(batch, n_heads, length, d_head)
+    for h in range(n_heads):
+        heads[:, h] = x[:, :, h * d_head : (h + 1) * d_head]
+    return heads
+
+
+def merge_heads__flatten_no_check(x):
+    return x.transpose(1, 2).flatten(2)
+
+
+def merge_heads__zeros_filled(x):
+    batch, n_heads, length, d_head = x.shape
+    merged = torch.zeros(batch, length, n_heads * d_head, device=x.device)
+    for h in range(n_heads):
+        merged[:, :, h * d_head : (h + 1) * d_head] = x[:, h]
+    return merged
+
+
+WHOLE = {
+    attention_entropy__mean_over_keys: {"entropy_in_nats": "mean over the keys"},
+    attention_entropy__float64_inside: {"entropy_in_nats": "the entropy keeps the dtype of the weights"},
+    attention_entropy__fixed_axes: {"entropy_in_nats": "count axes from the end"},
+    split_heads__unflatten_no_checks: {"split_heads_layout": "and raise ValueError"},
+    split_heads__zeros_filled: {"split_heads_layout": "the result must keep the dtype of its input"},
+    merge_heads__flatten_no_check: {"merge_heads_inverse": "check x.dim() == 4 first"},
+    merge_heads__zeros_filled: {"merge_heads_inverse": "the result must keep the dtype of its input"},
+}
 
 
 # --- correct implementations in other styles
 
 
 def split_heads__reshape_permute(x, n_heads):
+    if x.ndim != 3 or x.size(-1) % n_heads != 0:
+        raise ValueError(f"cannot split {tuple(x.shape)} into {n_heads} heads")
     batch, length, _ = x.shape
     return x.reshape(batch, length, n_heads, -1).permute(0, 2, 1, 3)
 
 
 def merge_heads__contiguous_view(x):
+    if x.dim() != 4:
+        raise ValueError("x must be [batch, n_heads, len, d_head]")
     batch, _, length, _ = x.shape
     return x.permute(0, 2, 1, 3).contiguous().view(batch, length, -1)
 
@@ -296,6 +460,8 @@ def attention_entropy__where(weights):
 
 
 def mha_parameter_count__by_parts(d_model, n_heads, bias=True):
+    if not (d_model >= 1 and d_model % n_heads == 0):
+        raise ValueError("n_heads must divide d_model")
     projection = d_model * d_model + (d_model if bias else 0)
     return sum(projection for _ in ("q", "k", "v", "o"))
 
@@ -303,6 +469,8 @@ def mha_parameter_count__by_parts(d_model, n_heads, bias=True):
 MHA_FUSED = """class MultiHeadAttention(nn.Module):
     def __init__(self, d_model, n_heads, bias=True):
         super().__init__()
+        if n_heads <= 0 or d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
         self.n_heads, self.d_head = n_heads, d_model // n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
@@ -317,6 +485,8 @@ MHA_FUSED = """class MultiHeadAttention(nn.Module):
         q, k, v = heads
         scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * self.d_head**-0.5
         if mask is not None:
+            if mask.dtype is not torch.bool:
+                raise TypeError("a boolean mask is expected (True = may attend)")
             mask = mask[:, None] if mask.dim() == 3 else mask
             allowed = mask.expand_as(scores)
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
@@ -327,6 +497,10 @@ MHA_FUSED = """class MultiHeadAttention(nn.Module):
         return self.out(out), weights
 
     def load_torch_weights(self, torch_mha):
+        if torch_mha.num_heads != self.n_heads or torch_mha.in_proj_weight.shape != self.qkv.weight.shape:
+            raise ValueError("torch_mha has other sizes")
+        if (torch_mha.in_proj_bias is None) is not (self.qkv.bias is None):
+            raise ValueError("torch_mha has biases where the module has none, or the reverse")
         with torch.no_grad():
             self.qkv.weight.copy_(torch_mha.in_proj_weight)
             self.out.weight.copy_(torch_mha.out_proj.weight)

@@ -12,21 +12,30 @@ CROSS = """class CrossAttention(MultiHeadAttention):
     def forward(self, target, source, mask=None, use_cache=False):
         batch, tgt_len, _ = target.shape
         q = self.w_q(target).view(batch, tgt_len, self.n_heads, self.d_head).transpose(1, 2)
-        if use_cache:
-            cached = getattr(self, "cached", None)
-            if cached is None or cached[0] is not source:
-                self.cached = (source, *self.keys_values(source))
-            k, v = self.cached[1], self.cached[2]
-        else:
-            k, v = self.keys_values(source)
+        k, v = self.source_kv(source) if use_cache else self.keys_values(source)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
         if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask must be boolean, got {mask.dtype}")
+            if mask.dim() == 3:
+                mask = mask.unsqueeze(1)
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         if mask is not None:
             weights = torch.nan_to_num(weights, nan=0.0)
         heads = (weights @ v).transpose(1, 2).reshape(batch, tgt_len, self.d_model)
         return self.w_o(heads), weights
+
+    def source_kv(self, source):
+        weights_seen = [p._version for p in (*self.w_k.parameters(), *self.w_v.parameters())]
+        state = (source._version, *weights_seen)
+        cached = getattr(self, "cached", None)
+        if cached is None or cached[0] is not source or cached[1] != state:
+            self.cached = (source, state, *self.keys_values(source))
+        return self.cached[2], self.cached[3]
+
+    def clear_cache(self):
+        self.cached = None
 
     def keys_values(self, source):
         batch, src_len, _ = source.shape
@@ -102,28 +111,28 @@ ROWS = [
     Row(
         "CrossAttention",
         "cache_never_recomputed",
-        "if cached is None or cached[0] is not source:",
+        "if cached is None or cached[0] is not source or cached[1] != state:",
         "if cached is None:",
         {"cross_cache": "reused for a new source"},
     ),
     Row(
         "CrossAttention",
         "cache_keyed_on_shape",
-        "if cached is None or cached[0] is not source:",
-        "if cached is None or cached[1].size(2) != source.size(1):",
+        "if cached is None or cached[0] is not source or cached[1] != state:",
+        "if cached is None or cached[2].size(2) != source.size(1):",
         {"cross_cache": "reused for a new source"},
     ),
     Row(
         "CrossAttention",
         "cache_ignored",
-        "        if use_cache:\n",
-        "        if False:\n",
+        "self.source_kv(source) if use_cache else",
+        "self.source_kv(source) if False else",
         {"cross_cache": "recomputed at every step"},
     ),
     Row(
         "CrossAttention",
         "causal_mask_in_cross_attention",
-        '        if mask is not None:\n            scores = scores.masked_fill(~mask, float("-inf"))\n',
+        '            scores = scores.masked_fill(~mask, float("-inf"))\n',
         "        causal = torch.ones(tgt_len, k.size(2), dtype=torch.bool, device=q.device).tril()\n"
         "        mask = causal if mask is None else mask & causal\n"
         '        scores = scores.masked_fill(~mask, float("-inf"))\n',
@@ -137,13 +146,65 @@ ROWS = [
     Row(
         "CrossAttention",
         "mask_ignored",
-        '        if mask is not None:\n            scores = scores.masked_fill(~mask, float("-inf"))\n',
+        '            scores = scores.masked_fill(~mask, float("-inf"))\n',
         "",
         {
             "cross_matches_torch": "mask",
             "cross_cache": "does not match",
             "cross_from_scratch": MUST_BE_CORRECT,
         },
+    ),
+    # what the docstring promises beyond the task's first lines
+    Row(
+        "CrossAttention",
+        "no_head_axis_for_3d_mask",
+        "            if mask.dim() == 3:\n                mask = mask.unsqueeze(1)\n",
+        "",
+        {"cross_matches_torch": "give it a head axis", "cross_from_scratch": MUST_BE_CORRECT},
+    ),
+    Row(
+        "CrossAttention",
+        "no_mask_type_check",
+        "            if mask.dtype != torch.bool:\n",
+        "            if False:\n",
+        {"cross_shapes": "check mask.dtype != torch.bool first and raise TypeError"},
+    ),
+    Row(
+        "CrossAttention",
+        "empty_rows_nan",
+        "        if mask is not None:\n            weights = torch.nan_to_num(weights, nan=0.0)\n",
+        "",
+        {"cross_matches_torch": "contains NaN or inf", "cross_from_scratch": MUST_BE_CORRECT},
+    ),
+    Row(
+        "CrossAttention",
+        "cache_keyed_on_identity",
+        "or cached[0] is not source or cached[1] != state:",
+        "or cached[0] is not source:",
+        {"cross_cache": "source._version"},
+    ),
+    Row(
+        "CrossAttention",
+        "cache_ignores_the_weights",
+        "        state = (source._version, *weights_seen)\n",
+        "        state = (source._version,)\n",
+        {"cross_cache": "w_k or w_v changed since"},
+    ),
+    Row(
+        "CrossAttention",
+        "clear_cache_keeps_the_cache",
+        "        self.cached = None\n",
+        "        pass\n",
+        {"cross_cache": "clear_cache() forgets the cached keys and values"},
+    ),
+    Row(
+        "DecoderLayer",
+        "masks_made_boolean",
+        "        def self_block(y):\n",
+        "        self_mask = None if self_mask is None else self_mask.bool()\n"
+        "        memory_mask = None if memory_mask is None else memory_mask.bool()\n\n"
+        "        def self_block(y):\n",
+        {"decoder_matches_torch": "converting it (mask.bool(), mask == 1)"},
     ),
     Row(
         "CrossAttention",
@@ -244,12 +305,16 @@ ROWS = [
 
 WHOLE = {}
 
+CLASSES = {}  # (filled below, once the class sources are defined)
+
 
 # --- correct implementations in other styles
 
 CROSS_STANDALONE = """class CrossAttention(nn.Module):
     def __init__(self, d_model, n_heads, bias=True):
         super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"{n_heads} heads do not divide d_model={d_model}")
         self.n_heads, self.d_head = n_heads, d_model // n_heads
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
@@ -261,37 +326,74 @@ CROSS_STANDALONE = """class CrossAttention(nn.Module):
         with torch.no_grad():
             for linear, weight in zip((self.w_q, self.w_k, self.w_v), torch_mha.in_proj_weight.chunk(3)):
                 linear.weight.copy_(weight)
-            for linear, bias in zip((self.w_q, self.w_k, self.w_v), torch_mha.in_proj_bias.chunk(3)):
-                linear.bias.copy_(bias)
+            if torch_mha.in_proj_bias is not None:
+                for linear, bias in zip((self.w_q, self.w_k, self.w_v), torch_mha.in_proj_bias.chunk(3)):
+                    linear.bias.copy_(bias)
+                self.w_o.bias.copy_(torch_mha.out_proj.bias)
             self.w_o.weight.copy_(torch_mha.out_proj.weight)
-            self.w_o.bias.copy_(torch_mha.out_proj.bias)
         return self
 
     def heads(self, x):
         return x.unflatten(-1, (self.n_heads, self.d_head)).transpose(1, 2)
 
+    def source_state(self, source):
+        # copies of what the keys and values depend on: the source and the weights of w_k and w_v
+        return [x.detach().clone() for x in (source, *self.w_k.parameters(), *self.w_v.parameters())]
+
+    def cache_holds(self, source):
+        kept = self.cache.get("state")
+        now = [source, *self.w_k.parameters(), *self.w_v.parameters()]
+        return kept is not None and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(kept, now))
+
+    def source_kv(self, source):
+        if not self.cache_holds(source):
+            k, v = self.heads(self.w_k(source)), self.heads(self.w_v(source))
+            self.cache = {"state": self.source_state(source), "k": k, "v": v}
+        return self.cache["k"], self.cache["v"]
+
+    def clear_cache(self):
+        self.cache = {}
+
     def forward(self, target, source, mask=None, use_cache=False):
-        if use_cache and self.cache.get("source") is not None and torch.equal(self.cache["source"], source):
-            k, v = self.cache["k"], self.cache["v"]
+        if use_cache:
+            k, v = self.source_kv(source)
         else:
             k, v = self.heads(self.w_k(source)), self.heads(self.w_v(source))
-            if use_cache:
-                self.cache = {"source": source.detach().clone(), "k": k, "v": v}
         q = self.heads(self.w_q(target))
         scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / self.d_head**0.5
         if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
+            if mask.dtype != torch.bool:
+                raise TypeError("the mask is boolean: True = may attend")
+            scores = scores.masked_fill(~(mask[:, None] if mask.ndim == 3 else mask), float("-inf"))
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         out = torch.einsum("bhqk,bhkd->bqhd", weights, v).flatten(2)
         return self.w_o(out), weights
 """
 
 CROSS_DATA_PTR = CROSS.replace(
-    "if cached is None or cached[0] is not source:",
-    "if cached is None or cached[0] != (source.data_ptr(), source.shape):",
+    "if cached is None or cached[0] is not source or cached[1] != state:",
+    "if cached is None or cached[0] != (source.data_ptr(), source.shape) or cached[1] != state:",
 ).replace(
-    "self.cached = (source, *self.keys_values(source))",
-    "self.cached = ((source.data_ptr(), source.shape), *self.keys_values(source))",
+    "self.cached = (source, state, *self.keys_values(source))",
+    "self.cached = ((source.data_ptr(), source.shape), state, *self.keys_values(source))",
+)
+CROSS_SOURCE_KV_UNCACHED = CROSS.replace(
+    "k, v = self.source_kv(source) if use_cache else", "k, v = self.cached_kv(source) if use_cache else"
+).replace(
+    "    def source_kv(self, source):\n",
+    "    def source_kv(self, source):\n"
+    "        return self.keys_values(source)\n\n"
+    "    def cached_kv(self, source):\n",
+)
+CROSS_FLOAT64_WEIGHTS = CROSS.replace(
+    "        weights = torch.softmax(scores, dim=-1)\n",
+    "        weights = torch.softmax(scores.double(), dim=-1)  # a stable softmax\n",
+).replace("(weights @ v)", "(weights.to(v.dtype) @ v)")
+CROSS_BIAS_DROPPED = CROSS.replace(
+    "    def forward(self, target, source, mask=None, use_cache=False):\n",
+    "    def __init__(self, d_model, n_heads, bias=True):\n"
+    "        super().__init__(d_model, n_heads)  # bias is not passed on\n\n"
+    "    def forward(self, target, source, mask=None, use_cache=False):\n",
 )
 
 DECODER_LOOP = """class DecoderLayer(nn.Module):
@@ -314,9 +416,21 @@ DECODER_LOOP = """class DecoderLayer(nn.Module):
         return x
 """
 
+CLASSES |= {
+    "source_kv_bypasses_the_cache": (CROSS_SOURCE_KV_UNCACHED, {"cross_cache": "share one cache"}),
+    "float64_weights_returned": (
+        CROSS_FLOAT64_WEIGHTS,
+        {"cross_shapes": "must be undone with .to(target.dtype)"},
+    ),
+    "bias_not_passed_on": (
+        CROSS_BIAS_DROPPED,
+        {"cross_matches_torch": "pass it on", "cross_from_scratch": MUST_BE_CORRECT},
+    ),
+}
+
 RIGHT_CLASSES = {
-    "standalone_einsum_equal_keyed_cache": CROSS_STANDALONE,
-    "cache_keyed_on_data_ptr": CROSS_DATA_PTR,
+    "standalone_einsum_copies_keyed_cache": CROSS_STANDALONE,
+    "cache_keyed_on_data_ptr_and_versions": CROSS_DATA_PTR,
     "sublayers_in_a_loop": DECODER_LOOP,
 }
 RIGHT = []
