@@ -40,7 +40,8 @@ class TransformerBlock(nn.Module):
         d_ff: the inner width of the feed-forward network (``4 d_model`` in the paper and in GPT-2).
         norm_first: pre-LN if True, post-LN (the paper's) if False.
         dropout: the dropout probability, in ``[0, 1)``.
-        activation: ``"relu"`` (the paper's) or ``"gelu"`` (BERT's and GPT-2's).
+        activation: ``"relu"`` (the paper's) or ``"gelu"`` (BERT's and GPT-2's): the exact GELU, ``F.gelu``,
+            as ``nn.TransformerEncoderLayer(activation="gelu")``.
 
     Raises:
         ValueError: if ``n_heads`` does not divide ``d_model``, or the activation is unknown.
@@ -81,10 +82,11 @@ class TransformerBlock(nn.Module):
         Args:
             x: ``[batch, len, d_model]``, the dtype and device of the parameters.
             mask: boolean, ``True`` = may attend, broadcastable to ``[batch, n_heads, len, len]`` (a causal
-                mask, a padding mask ``[batch, 1, 1, len]``, or both combined); ``None``: no mask.
+                mask ``[len, len]``, a padding mask ``[batch, 1, 1, len]``, or both combined); ``None``: no
+                mask, every query attends every key (the block adds no causal mask of its own).
 
         Returns:
-            ``[batch, len, d_model]``.
+            ``[batch, len, d_model]``, in ``x``'s dtype.
         """
         if self.norm_first:
             x = x + self._attention(self.norm1(x), mask)
@@ -310,14 +312,17 @@ def generate(
     Args:
         model: maps ``[batch, len]`` token ids to ``[batch, len, vocab]`` logits (a causal model).
         prompt: ``[batch, prompt_len]`` integer token ids, ``prompt_len >= 1``.
-        max_new_tokens: how many tokens to add, at least 0.
-        temperature: ``0`` (greedy) or positive; below 1 sharpens the distribution, above 1 flattens it.
-        top_k: keep the ``top_k`` most likely tokens only (``None``: all).
+        max_new_tokens: how many tokens to add, at least 0 (0: the prompt itself).
+        temperature: ``0`` (greedy) or any positive number; below 1 sharpens the distribution, above 1
+            flattens it.
+        top_k: keep the ``top_k`` most likely tokens only, and those tied with the ``top_k``-th (``None``, or
+            a ``top_k`` at least the vocabulary's size: every token).
         generator: the random generator for sampling (its device is that of the sampled probabilities'; a CPU
-            generator samples on the CPU).
+            generator samples on the CPU); ``None``: torch's global random state.
 
     Returns:
-        ``[batch, prompt_len + max_new_tokens]``: the prompt, then the new tokens.
+        ``[batch, prompt_len + max_new_tokens]`` in the prompt's dtype (``torch.long``): the prompt, then the
+        new tokens.
 
     Raises:
         ValueError: if ``temperature < 0``, ``top_k < 1`` or ``max_new_tokens < 0``.

@@ -14,9 +14,12 @@ from tests.banks._bank import Row
 from tests.banks.ex04 import MHA
 
 BLOCK = """class TransformerBlock(nn.Module):
-    def __init__(self, d_model, n_heads, d_ff, norm_first=False, dropout=0.0):
+    def __init__(self, d_model, n_heads, d_ff, norm_first=False, dropout=0.0, activation="relu"):
         super().__init__()
+        if activation not in ("relu", "gelu"):
+            raise ValueError(f"unknown activation {activation!r}")
         self.norm_first = norm_first
+        self.act = F.gelu if activation == "gelu" else torch.relu
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
@@ -28,7 +31,7 @@ BLOCK = """class TransformerBlock(nn.Module):
         return self.dropout(self.self_attn(x, x, x, mask)[0])
 
     def feed_forward(self, x):
-        return self.dropout(self.linear2(self.dropout(torch.relu(self.linear1(x)))))
+        return self.dropout(self.linear2(self.dropout(self.act(self.linear1(x)))))
 
     def forward(self, x, mask=None):
         if self.norm_first:
@@ -41,16 +44,21 @@ BLOCK = """class TransformerBlock(nn.Module):
 """
 
 GENERATE = """def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    if temperature < 0 or max_new_tokens < 0 or (top_k is not None and top_k < 1):
+        raise ValueError("need temperature >= 0, max_new_tokens >= 0 and top_k >= 1")
     tokens = prompt
+    window = getattr(model, "max_len", None)
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            logits = model(tokens)[:, -1, :]
+            context = tokens if window is None else tokens[:, -window:]
+            logits = model(context)[:, -1, :]
             if temperature == 0:
                 next_token = logits.argmax(dim=-1, keepdim=True)
             else:
                 logits = logits / temperature
                 if top_k is not None:
-                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                    k = min(top_k, logits.size(-1))
+                    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 probabilities = torch.softmax(logits, dim=-1)
                 next_token = torch.multinomial(probabilities, 1, generator=generator)
@@ -65,7 +73,27 @@ def every(cells, fragment):
     return dict.fromkeys(cells, fragment)
 
 
-MATCHES = "block_matches_torch"
+MATCHES, PARAMETERS, DROPOUT = "block_matches_torch", "block_parameters", "block_dropout"
+GREEDY, SAMPLING = "generate_greedy", "generate_sampling"
+CHECKED_ACTIVATION = """        if activation not in ("relu", "gelu"):
+            raise ValueError(f"unknown activation {activation!r}")
+"""
+CHECKED_GENERATE = """    if temperature < 0 or max_new_tokens < 0 or (top_k is not None and top_k < 1):
+        raise ValueError("need temperature >= 0, max_new_tokens >= 0 and top_k >= 1")
+"""
+CAUSAL = """    def forward(self, x, mask=None):
+        causal = torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device).tril()
+        mask = causal if mask is None else mask & causal
+"""
+
+
+def block(variant: str, find: str, replace: str, expected: dict[str, str]) -> Row:
+    return Row("TransformerBlock", variant, find, replace, expected)
+
+
+def generate(variant: str, find: str, replace: str, expected: dict[str, str]) -> Row:
+    return Row("generate", variant, find, replace, expected)
+
 
 ROWS = [
     Row(
@@ -75,151 +103,284 @@ ROWS = [
         "output = heads.transpose(1, 2).reshape(batch, q_len, self.d_model)",
         {"mha_carried_over": "output projection"},
     ),
-    Row(
-        "TransformerBlock",
+    block(
         "always_post_ln",
         "        if self.norm_first:\n",
         "        if False:\n",
-        every((MATCHES, "block_dropout"), "although norm_first=True"),
+        every((MATCHES, DROPOUT), "although norm_first=True"),
     ),
-    Row(
-        "TransformerBlock",
+    block(
         "norm_first_inverted",
         "        if self.norm_first:\n",
         "        if not self.norm_first:\n",
-        {MATCHES: "the wrong way round", "block_dropout": "although norm_first=True"},
+        {MATCHES: "the wrong way round", DROPOUT: "although norm_first=True"},
     ),
-    Row(
-        "TransformerBlock",
+    block(
         "no_residual_around_attention",
         "            x = self.norm1(x + self.attention(x, mask))\n",
         "            x = self.norm1(self.attention(x, mask))\n",
-        {MATCHES: "residual connection around self-attention"},
+        every((MATCHES, DROPOUT), "residual connection around self-attention"),
     ),
-    Row(
-        "TransformerBlock",
+    block(
         "no_residual_around_the_feed_forward",
         "            x = x + self.feed_forward(self.norm2(x))\n",
         "            x = self.feed_forward(self.norm2(x))\n",
-        every((MATCHES, "block_dropout"), "residual connection around the feed-forward"),
+        every((MATCHES, DROPOUT), "residual connection around the feed-forward"),
     ),
-    Row(
-        "TransformerBlock",
+    block(
         "norms_swapped",
         "            x = x + self.attention(self.norm1(x), mask)\n"
         "            x = x + self.feed_forward(self.norm2(x))\n",
         "            x = x + self.attention(self.norm2(x), mask)\n"
         "            x = x + self.feed_forward(self.norm1(x))\n",
-        every((MATCHES, "block_dropout"), "norms are swapped"),
+        every((MATCHES, DROPOUT), "norms are swapped"),
     ),
-    Row(
-        "TransformerBlock",
+    block(
         "gelu",
-        "torch.relu(self.linear1(x))",
-        "F.gelu(self.linear1(x))",
-        every((MATCHES, "block_dropout"), "GELU"),
+        'self.act = F.gelu if activation == "gelu" else torch.relu',
+        "self.act = F.gelu",
+        every((MATCHES, DROPOUT), "uses GELU although activation='relu'"),
     ),
-    Row(
-        "TransformerBlock",
+    block(
+        "activation_ignored",
+        'self.act = F.gelu if activation == "gelu" else torch.relu',
+        "self.act = torch.relu",
+        {MATCHES: "the activation argument is ignored"},
+    ),
+    block("unknown_activation_accepted", CHECKED_ACTIVATION, "", {MATCHES: "should raise ValueError"}),
+    block(
         "no_norm_after_the_feed_forward",
         "            x = self.norm2(x + self.feed_forward(x))\n",
         "            x = x + self.feed_forward(x)\n",
-        {MATCHES: "norm2 after the feed-forward", "block_parameters": "norm2.weight gets no gradient"},
+        {
+            MATCHES: "norm2 after the feed-forward",
+            PARAMETERS: "norm2.weight gets no gradient",
+            DROPOUT: "norm2 after the feed-forward",
+        },
     ),
-    Row(
-        "TransformerBlock",
+    block(
         "mask_inverted",
         "return self.dropout(self.self_attn(x, x, x, mask)[0])",
         "return self.dropout(self.self_attn(x, x, x, None if mask is None else ~mask)[0])",
-        every((MATCHES, "block_dropout"), "the mask is inverted"),
+        every((MATCHES, DROPOUT), "the mask is inverted"),
     ),
-    Row(
-        "TransformerBlock",
+    block(
+        "always_causal",
+        "    def forward(self, x, mask=None):\n",
+        CAUSAL,
+        {MATCHES: "applies a causal mask of its own"},
+    ),
+    block(
+        "returns_float32",
+        "        return x\n",
+        "        return x.float()\n",
+        {MATCHES: "must have x's dtype"},
+    ),
+    block(
+        "linear_without_bias",
+        "self.linear1 = nn.Linear(d_model, d_ff)",
+        "self.linear1 = nn.Linear(d_model, d_ff, bias=False)",
+        every((MATCHES, PARAMETERS, DROPOUT), "has no bias"),
+    ),
+    block(
         "functional_dropout_always",
         "        return self.dropout(self.self_attn(x, x, x, mask)[0])\n",
         "        return F.dropout(self.self_attn(x, x, x, mask)[0], self.dropout.p)\n",
-        {"block_dropout": "applied in eval() mode too"},
+        {DROPOUT: "applied in eval() mode too"},
     ),
-    Row(
-        "TransformerBlock",
+    block(
         "no_dropout",
         "        self.dropout = nn.Dropout(dropout)\n",
         "        self.dropout = nn.Identity()\n",
-        {"block_dropout": "not random"},
+        {DROPOUT: "not random"},
     ),
-    Row(
-        "TransformerBlock",
+    block(
+        "dropout_on_the_input",
+        "    def forward(self, x, mask=None):\n",
+        "    def forward(self, x, mask=None):\n        x = self.dropout(x)\n",
+        {DROPOUT: "applied to the block's input"},
+    ),
+    block(
+        "dropout_after_the_residual_sum",
+        "            x = x + self.attention(self.norm1(x), mask)\n",
+        "            h = self.norm1(x)\n            x = self.dropout(x + self.self_attn(h, h, h, mask)[0])\n",
+        {DROPOUT: "after the residual sum"},
+    ),
+    block(
+        "no_dropout_after_the_activation",
+        "self.linear2(self.dropout(self.act(self.linear1(x))))",
+        "self.linear2(self.act(self.linear1(x)))",
+        {DROPOUT: "no dropout after the activation"},
+    ),
+    block(
+        "no_attention_dropout_in_post_ln",
+        "            x = self.norm1(x + self.attention(x, mask))\n",
+        "            x = self.norm1(x + self.self_attn(x, x, x, mask)[0])\n",
+        {DROPOUT: "no dropout on the self-attention's output"},
+    ),
+    block(
+        "pytorch_default_dropout",
+        "norm_first=False, dropout=0.0,",
+        "norm_first=False, dropout=0.1,",
+        {DROPOUT: "dropout left to its default"},
+    ),
+    block(
         "three_layer_norms",
         "        self.norm2 = nn.LayerNorm(d_model)\n",
         "        self.norm2 = nn.LayerNorm(d_model)\n        self.norm3 = nn.LayerNorm(d_model)\n",
-        {"block_parameters": "three layer norms"},
+        {PARAMETERS: "three layer norms"},
     ),
-    Row(
-        "generate",
+    generate(
         "last_token_only",
-        "logits = model(tokens)[:, -1, :]",
-        "logits = model(tokens[:, -1:])[:, -1, :]",
-        {"generate_greedy": "only the last token", "generate_sampling": "not one of the 3 most likely"},
+        "logits = model(context)[:, -1, :]",
+        "logits = model(context[:, -1:])[:, -1, :]",
+        {GREEDY: "only the last token", SAMPLING: "not one of the 3 most likely"},
     ),
-    Row(
-        "generate",
+    generate(
         "first_position",
-        "logits = model(tokens)[:, -1, :]",
-        "logits = model(tokens)[:, 0, :]",
-        {"generate_greedy": "first position", "generate_sampling": "not one of the 3 most likely"},
+        "logits = model(context)[:, -1, :]",
+        "logits = model(context)[:, 0, :]",
+        {GREEDY: "first position", SAMPLING: "not one of the 3 most likely"},
     ),
-    Row(
-        "generate",
+    generate(
         "new_tokens_only",
         "    return tokens\n",
         "    return tokens[:, prompt.size(1) :]\n",
-        every(("generate_greedy", "generate_sampling"), "only the new tokens"),
+        every((GREEDY, SAMPLING), "only the new tokens"),
     ),
-    Row(
-        "generate",
+    generate(
         "no_greedy_branch",
         "            if temperature == 0:\n",
         "            if False:\n",
-        every(("generate_greedy",), "temperature=0 is greedy"),
+        {GREEDY: "temperature=0 is greedy"},
     ),
-    Row(
-        "generate",
+    generate(
         "temperature_multiplied",
         "logits = logits / temperature",
         "logits = logits * temperature",
-        {"generate_sampling": "multiplied by the temperature"},
+        {SAMPLING: "multiplied by the temperature"},
     ),
-    Row(
-        "generate",
+    generate(
         "temperature_ignored",
         "logits = logits / temperature",
         "logits = logits",
-        {"generate_sampling": "temperature is ignored"},
+        {SAMPLING: "temperature is ignored"},
     ),
-    Row(
-        "generate",
+    generate(
         "top_k_smallest",
-        "kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]",
-        "kth = torch.topk(logits, top_k, dim=-1, largest=False).values[:, -1:]",
-        {"generate_sampling": "not one of the 3 most likely"},
+        "kth = torch.topk(logits, k, dim=-1).values[:, -1:]",
+        "kth = torch.topk(logits, k, dim=-1, largest=False).values[:, -1:]",
+        {SAMPLING: "not one of the 3 most likely"},
     ),
-    Row(
-        "generate",
+    generate(
+        "top_k_keeps_k_minus_one",
+        "logits.masked_fill(logits < kth,",
+        "logits.masked_fill(logits <= kth,",
+        {SAMPLING: "only k - 1 tokens are kept"},
+    ),
+    generate(
+        "top_k_ties_dropped",
+        "                    kth = torch.topk(logits, k, dim=-1).values[:, -1:]\n"
+        '                    logits = logits.masked_fill(logits < kth, float("-inf"))\n',
+        "                    values, indices = torch.topk(logits, k, dim=-1)\n"
+        '                    logits = torch.full_like(logits, float("-inf")).scatter(-1, indices, values)\n',
+        {SAMPLING: "tied with the k-th largest"},
+    ),
+    generate(
+        "top_k_above_the_vocabulary",
+        "k = min(top_k, logits.size(-1))",
+        "k = top_k",
+        {SAMPLING: "larger than the vocabulary"},
+    ),
+    generate(
         "global_random_state",
         "torch.multinomial(probabilities, 1, generator=generator)",
         "torch.multinomial(probabilities, 1)",
-        {"generate_sampling": "not from the global random state"},
+        {SAMPLING: "not from the global random state"},
+    ),
+    generate(
+        "generator_required",
+        "torch.multinomial(probabilities, 1, generator=generator)",
+        "torch.multinomial(probabilities.to(generator.device), 1, generator=generator)",
+        {SAMPLING: "generator may be None"},
+    ),
+    generate(
+        "softmax_without_the_maximum",
+        "probabilities = torch.softmax(logits, dim=-1)",
+        "probabilities = logits.exp() / logits.exp().sum(dim=-1, keepdim=True)",
+        {SAMPLING: "overflows"},
+    ),
+    generate("no_checks", CHECKED_GENERATE, "", every((GREEDY, SAMPLING), "should raise ValueError")),
+    generate(
+        "window_ignored",
+        "context = tokens if window is None else tokens[:, -window:]",
+        "context = tokens",
+        {GREEDY: "more than model.max_len tokens"},
+    ),
+    generate(
+        "max_len_assumed",
+        'window = getattr(model, "max_len", None)',
+        "window = model.max_len",
+        {GREEDY: "has no max_len attribute"},
     ),
 ]
 
-WHOLE = {}
+
+def generate__int32_buffer(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    if temperature < 0 or max_new_tokens < 0 or (top_k is not None and top_k < 1):
+        raise ValueError("bad arguments")
+    batch, start = prompt.shape
+    tokens = torch.zeros(batch, start + max_new_tokens, dtype=torch.int32, device=prompt.device)
+    tokens[:, :start] = prompt
+    window = getattr(model, "max_len", None) or start + max_new_tokens
+    with torch.no_grad():
+        for t in range(start, start + max_new_tokens):
+            logits = model(tokens[:, max(0, t - window) : t])[:, -1]
+            if temperature == 0:
+                tokens[:, t] = logits.argmax(dim=-1)
+                continue
+            logits = logits / temperature
+            if top_k is not None and top_k < logits.size(-1):
+                logits[logits < logits.topk(top_k, dim=-1).values[:, -1:]] = -math.inf
+            tokens[:, t] = torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+    return tokens
+
+
+def generate__new_tokens_in_a_list(
+    model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None
+):
+    if temperature < 0 or max_new_tokens < 0 or (top_k is not None and top_k < 1):
+        raise ValueError("bad arguments")
+    new = []
+    window = getattr(model, "max_len", None)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            tokens = torch.cat([prompt, *new], dim=1)
+            logits = model(tokens if window is None else tokens[:, -window:])[:, -1]
+            if temperature == 0:
+                new.append(logits.argmax(-1, keepdim=True))
+                continue
+            logits = logits / temperature
+            if top_k is not None and top_k < logits.size(-1):
+                logits = logits.masked_fill(logits < logits.topk(top_k).values[:, -1:], -math.inf)
+            new.append(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+    return torch.cat([prompt, torch.cat(new, dim=1)], dim=1)
+
+
+WHOLE = {
+    generate__int32_buffer: {GREEDY: "stay in the prompt's dtype"},
+    generate__new_tokens_in_a_list: {GREEDY: "with max_new_tokens=0 there is no new token"},
+}
 
 
 # --- correct implementations in other styles
 
 BLOCK_SEPARATE_DROPOUTS = """class TransformerBlock(nn.Module):
-    def __init__(self, d_model, n_heads, d_ff, norm_first=False, dropout=0.0):
+    def __init__(self, d_model, n_heads, d_ff, norm_first=False, dropout=0.0, activation="relu"):
         super().__init__()
+        self.act = {"relu": F.relu, "gelu": F.gelu}.get(activation)
+        if self.act is None:
+            raise ValueError("activation must be relu or gelu")
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
@@ -229,28 +390,71 @@ BLOCK_SEPARATE_DROPOUTS = """class TransformerBlock(nn.Module):
     def forward(self, x, mask=None):
         sublayers = (
             (self.norm1, lambda y: self.dropout1(self.self_attn(y, y, y, mask=mask)[0])),
-            (self.norm2, lambda y: self.dropout2(self.linear2(self.dropout3(F.relu(self.linear1(y)))))),
+            (self.norm2, lambda y: self.dropout2(self.linear2(self.dropout3(self.act(self.linear1(y)))))),
         )
         for norm, sublayer in sublayers:
             x = x + sublayer(norm(x)) if self.norm_first else norm(x + sublayer(x))
         return x
 """
 
-RIGHT_CLASSES = {"separate_dropouts_in_a_loop": BLOCK_SEPARATE_DROPOUTS}
+# the feed-forward network as nn.Sequential (its linear layers also the block's attributes), attention called
+# by keyword, dropout drawn by hand with torch.rand_like and by F.dropout: other random numbers, same law
+BLOCK_SEQUENTIAL = """class TransformerBlock(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, norm_first=False, dropout=0.0, activation="relu"):
+        super().__init__()
+        activations = {"relu": nn.ReLU, "gelu": nn.GELU}
+        if activation not in activations:
+            raise ValueError(f"activation {activation} is neither relu nor gelu")
+        self.norm_first, self.p = norm_first, dropout
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.ffn = nn.Sequential(self.linear1, activations[activation](), nn.Dropout(dropout), self.linear2)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+
+    def _sa(self, x, mask):
+        out, _ = self.self_attn(query=x, key=x, value=x, mask=mask)
+        if self.training and self.p > 0:
+            out = out * (torch.rand_like(out) >= self.p) / (1 - self.p)
+        return out
+
+    def _ff(self, x):
+        return F.dropout(self.ffn(x), self.p, training=self.training)
+
+    def forward(self, x, mask=None):
+        if not self.norm_first:
+            x = self.norm1(x + self._sa(x, mask))
+            return self.norm2(x + self._ff(x))
+        x = x + self._sa(self.norm1(x), mask)
+        return x + self._ff(self.norm2(x))
+"""
+
+RIGHT_CLASSES = {
+    "separate_dropouts_in_a_loop": BLOCK_SEPARATE_DROPOUTS,
+    "sequential_by_hand": BLOCK_SEQUENTIAL,
+}
 
 
 def generate__categorical_on_cpu(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    if max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be >= 0")
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    if top_k is not None and top_k < 1:
+        raise ValueError("top_k must be >= 1")
     out = prompt.clone()
     for _ in range(max_new_tokens):
+        context = out[:, -model.max_len :] if hasattr(model, "max_len") else out
         with torch.no_grad():
-            logits = model(out)[:, -1].double()
+            logits = model(context)[:, -1].double()
         if temperature == 0:
             choice = torch.argmax(logits, dim=-1)
         else:
             scaled = logits / temperature
             if top_k:
-                values, indices = scaled.topk(min(top_k, scaled.size(-1)), dim=-1)
-                scaled = torch.full_like(scaled, float("-inf")).scatter(-1, indices, values)
+                values = scaled.topk(min(top_k, scaled.size(-1)), dim=-1).values
+                scaled = scaled.masked_fill(scaled < values[:, -1:], float("-inf"))
             probabilities = F.softmax(scaled, dim=-1)
             device = generator.device if generator is not None else probabilities.device
             choice = torch.multinomial(probabilities.to(device), num_samples=1, generator=generator)[:, 0]
@@ -259,14 +463,18 @@ def generate__categorical_on_cpu(model, prompt, max_new_tokens, temperature=1.0,
 
 
 def generate__inverse_cdf(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    if not (temperature >= 0 and max_new_tokens >= 0 and (top_k is None or top_k >= 1)):
+        raise ValueError(f"invalid arguments: {temperature=}, {max_new_tokens=}, {top_k=}")
     tokens = prompt
     for _ in range(max_new_tokens):
-        logits = model(tokens).detach()[:, -1]
+        start = max(0, tokens.size(1) - getattr(model, "max_len", tokens.size(1)))
+        logits = model(tokens[:, start:]).detach()[:, -1]
         if temperature == 0:
             next_token = logits.argmax(-1, keepdim=True)
         else:
             if top_k is not None:
-                threshold = logits.sort(dim=-1, descending=True).values[:, top_k - 1 : top_k]
+                k = min(top_k, logits.size(-1))
+                threshold = logits.sort(dim=-1, descending=True).values[:, k - 1 : k]
                 logits = torch.where(logits >= threshold, logits, -math.inf)
             cdf = torch.softmax(logits / temperature, dim=-1).cumsum(-1)
             u = torch.rand(cdf.size(0), 1, generator=generator, device=cdf.device, dtype=cdf.dtype)
