@@ -68,13 +68,13 @@ def attention_conv2d(
     to float64 rounding; for ``alpha = 1`` it does not (each head averages a neighbourhood).
 
     Args:
-        x: ``[batch, C_in, height, width]``, floating.
-        weight: ``[C_out, C_in, K, K]``, ``K`` odd.
+        x: ``[batch, C_in, height, width]``, float32 or float64.
+        weight: ``[C_out, C_in, K, K]``, ``K`` odd, of ``x``'s dtype and device.
         bias: ``[C_out]`` or ``None``.
         alpha: each head's sharpness, positive.
 
     Returns:
-        ``[batch, C_out, height, width]``.
+        ``[batch, C_out, height, width]``, of ``x``'s dtype and device.
 
     Raises:
         ValueError: if the kernel is not square with an odd side, or its ``C_in`` is not ``x``'s.

@@ -132,6 +132,7 @@ ASSIGNMENTS: dict[str, Assignment] = {
             reference="solutions.positions",
             checks="attention_course.checks.ex08",
             bank="tests.banks.ex08",
+            preload=("torch._dynamo",),  # its meta-device checks, as ex03's
         ),
         Assignment(
             "ex09_conv_heads",
@@ -139,6 +140,7 @@ ASSIGNMENTS: dict[str, Assignment] = {
             reference="solutions.conv_heads",
             checks="attention_course.checks.ex09",
             bank="tests.banks.ex09",
+            preload=("torch._dynamo",),  # its meta-device checks, as ex03's
         ),
         Assignment(
             "ex10_kv_cache",

@@ -4,10 +4,16 @@ Visible parts compare with the formulas written out here (float64) and with valu
 parts, with the reference on more sizes and dtypes. RoPE is checked on a ``d = 4`` case whose every number is
 written out (``cos 1``, ``sin 0.1``, ...): properties such as "norms are preserved" or "scores depend on
 ``m - n``" hold for both pairings and for a rotation in the wrong direction, so only values tell them apart.
+
+The functions that make a tensor from sizes take ``dtype`` and ``device``: a dtype is not data, so its name
+travels (``dtype="torch.float64"``) and :data:`DTYPED` turns it into the dtype in the learner's process; the
+device is checked on ``meta``, a device of shapes without data, so that it needs no GPU.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +21,17 @@ from typing import Any
 import torch
 
 from attention_course.checks import engine
-from attention_course.checks.engine import Check, Mistake, Part, assert_values, behaviour, fail, randn
+from attention_course.checks.engine import (
+    Call,
+    Check,
+    Driver,
+    Mistake,
+    Part,
+    assert_values,
+    behaviour,
+    fail,
+    randn,
+)
 
 TEXT = engine.table("""
 cos sin swapped: sines and cosines are swapped: PE[pos, 2i] = sin, PE[pos, 2i + 1] = cos
@@ -41,6 +57,11 @@ cat mixed: the angles are cat(angles, angles) while the features are paired (2i,
 rope exponent: each frequency is base^(-i / d) for pair i: it is theta_i = base^(-2i / d)
 rope base multiplied: the frequency is base^(2i / d): it is theta_i = base^(-2i / d), less than 1
 base ignored: the base argument is ignored (10000 is hard-coded)
+positions truncated: the positions are cast to integers: positions may be floats (0.5, 2.25, ...), and the
+    angle is position * theta_i as it is: positions.to(float32) * theta, not positions.long()
+rope validation: check the arguments first and raise ValueError(...) with a message: when x.size(-1) is odd,
+    and when positions is not [len] or [batch, len] with len = x.size(-2) (look at positions.dim() and
+    positions.size(-1))
 positions ignored: the positions argument is ignored (torch.arange(len) instead): the checks pass positions
     that are not 0, 1, 2, ...
 slopes seed: the slopes are 2^-(8+i), 2^-8, 2^-9, ...: far too small (for 8 heads each is 128 times too
@@ -67,6 +88,14 @@ symmetric: the bias is -slope * |j - i| (a variant for encoders): for later keys
 encoding max_len d_model 1: an axis too many: return [max_len, d_model] (no batch axis)
 encoding 1 max_len d_model: an axis too many: return [max_len, d_model] (no batch axis)
 encoding d_model max_len: the axes are swapped: [max_len, d_model], one row per position
+slopes validation: check n_heads first: `if n_heads < 1: raise ValueError(...)` (with no heads there are no
+    slopes; 2^(-8h/n) would divide by zero)
+slopes wrong: alibi_bias takes its slopes from alibi_slopes(n_heads): fix alibi_slopes first (its test cells
+    say what is wrong)
+dtype ignored: the dtype argument is ignored: make the result in dtype (float32 by default), as in
+    torch.tensor(values, dtype=dtype), or cast it at the end with .to(dtype)
+device ignored: the device argument is ignored: create every tensor with device=device (torch.arange(...,
+    device=device), torch.tensor(values, device=device)), or move the result at the end with .to(device)
 slopes n_heads 1 1: return the slopes as a vector [n_heads], without the axes for broadcasting
 bias 1 n_heads q_len k_len: return [n_heads, q_len, k_len], without the batch axis
 bias n_heads k_len q_len: the bias is transposed: bias[h, i, j] for query i and key j
@@ -78,6 +107,56 @@ must match the size of tensor | The size of tensor a: the angles do not line up 
     [len, d/2] (or [batch, 1, len, d/2] for [batch, len] positions and x [batch, heads, len, d]) and pair the
     features into halves of d/2
 list | tuple: return a tensor, not a list: torch.tensor(slopes)
+tensors used as indices: the positions are used as indices (a table of cos and sin per position): positions
+    may be floats (0.5, 2.25, ...): compute the angles as positions * theta
+meta tensor | expected device: a tensor is not on the device asked for: create every tensor on the inputs'
+    device (device=x.device) or on the device argument (device=device). The check uses 'meta', a device of
+    shapes without data, so that it needs no GPU: avoid .item(), .tolist() and Python loops over a tensor's
+    values
+""")
+
+
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+sinusoidal_encoding max_len: sinusoidal_values; positions 0 .. max_len - 1 (not from 1), max_len = 1 hidden
+sinusoidal_encoding d_model: sinusoidal_values; even widths 2 .. 128, pairs (2i, 2i + 1) interleaved
+sinusoidal_encoding base: sinusoidal_values; the default 10000, and 50 (visible), 10 and 500000 (hidden)
+sinusoidal_encoding dtype: sinusoidal_values; float32 by default, float64 with float64's precision
+    (computed in float64), float16 (visible), bfloat16 (hidden)
+sinusoidal_encoding device: sinusoidal_values; 'meta' as a torch.device and as a string (no GPU needed),
+    the CPU by default; the checks' device, hidden
+sinusoidal_encoding returns: sinusoidal_values; [max_len, d_model], no batch axis, of dtype on device
+sinusoidal_encoding raises ValueError: sinusoidal_values; d_model odd (7 visible, 1 and 129 hidden)
+sinusoidal_encoding computed in float64: sinusoidal_values; a float64 result within float64's tolerance
+apply_rope x: rope_half_split, rope_interleaved, rope_batched_positions, rope_dtype_device; [..., len, d]
+    with 2, 3 and 4 axes, d from 4 to 64
+apply_rope positions: rope_half_split, rope_interleaved, rope_batched_positions; [len] and [batch, len],
+    integer and float (float32 visible, float64 hidden, fractional), not 0, 1, 2, ...
+apply_rope base: rope_half_split, rope_interleaved; 100 and 500 visible, 10, 1000 and 10000 hidden
+apply_rope interleaved: rope_half_split, rope_interleaved, rope_dtype_device; the default False (rotate_half)
+    and True (pairs 2i, 2i + 1), in every dtype
+apply_rope returns: rope_dtype_device; x's shape, dtype (float32, float16, bfloat16; float64 hidden) and
+    device (the checks' device, and 'meta', which needs no GPU), x left unchanged
+apply_rope angles in float32: rope_dtype_device; float16 and bfloat16 at positions up to 1999, both
+    conventions, positions [len] and [batch, len]; float64 angles for float64 x in the value cells
+apply_rope raises ValueError: rope_half_split; d odd, positions [len] or [batch, len] of another len,
+    positions of 3 axes
+alibi_slopes n_heads: alibi_slopes_power_of_two, alibi_slopes_other_counts; powers of two 1 .. 64, other
+    counts 3 .. 24
+alibi_slopes dtype: alibi_slopes_power_of_two; float32 by default, float64, float16 (visible), bfloat16
+    (hidden)
+alibi_slopes device: alibi_slopes_power_of_two; 'meta' as a torch.device and as a string, the CPU by default
+alibi_slopes returns: alibi_slopes_power_of_two, alibi_slopes_other_counts; a tensor [n_heads] (not a list,
+    no broadcasting axes) of dtype on device
+alibi_slopes raises ValueError: alibi_slopes_power_of_two; n_heads = 0 (visible), -1 and -8 (hidden)
+alibi_bias n_heads: alibi_bias_square, alibi_bias_bottom_right; slopes of alibi_slopes(n_heads), named
+    first when they are wrong, 1 .. 16 heads
+alibi_bias q_len: alibi_bias_square, alibi_bias_bottom_right; q_len = k_len and q_len < k_len (bottom-right)
+alibi_bias k_len: alibi_bias_square, alibi_bias_bottom_right; the keys' positions 0 .. k_len - 1
+alibi_bias dtype: alibi_bias_square; float32 by default, float64, bfloat16 and float16 hidden
+alibi_bias device: alibi_bias_square; 'meta' as a torch.device and as a string, the CPU by default
+alibi_bias returns: alibi_bias_square, alibi_bias_bottom_right; [n_heads, q_len, k_len], no batch axis
+alibi_bias later keys: alibi_bias_square; positive slope * (j - i) for keys after the query, not 0
 """)
 
 
@@ -85,20 +164,80 @@ def _shape_hints(kind: str, **sizes: int) -> dict[tuple[int, ...], str]:
     return engine.shapes(TEXT, kind, **sizes)
 
 
+# --- the dtype and the device of a tensor made from sizes
+
+
+def _named_dtype(fn: Any, **arguments: Any) -> Any:
+    """Call ``fn`` with its ``dtype`` argument, which travels as a name ("torch.float64"), as the dtype.
+
+    PyTorch raises ``NotImplementedError`` when data is read from a ``meta`` tensor: raised again as a
+    ``RuntimeError``, so that the engine does not take it for the blank stub's."""
+    if isinstance(arguments.get("dtype"), str):
+        arguments["dtype"] = dtype_of(arguments["dtype"])
+    try:
+        return fn(**arguments)
+    except NotImplementedError as error:
+        if "meta" not in str(error):
+            raise
+        raise RuntimeError(str(error)).with_traceback(error.__traceback__) from None
+
+
+DTYPED = Driver(_named_dtype)
+META = torch.device("meta")
+
+
+@functools.cache
+def meta_ready() -> None:
+    """Load what tensors on ``meta`` need, once, before the learner's calls: their Python references (of
+    torch.arange, among others) import torch._dynamo, 2 s, and twice that under the profiler that observes a
+    call. A plan with ``meta`` calls runs this first; in a grader's kernel, which makes no plan, the
+    assignment's ``preload`` (attention_course.registry) can import it before forking, as ex03's does."""
+    importlib.import_module("torch._dynamo")
+
+
+def dtype_of(name: str) -> torch.dtype:
+    return getattr(torch, name.removeprefix("torch."))
+
+
+def assert_made(result: Any, call: Call, where: str, shape, hints: dict | None = None) -> None:
+    """Fail unless ``result`` is a tensor of ``shape`` with the ``dtype`` and on the ``device`` that ``call``
+    asks for (float32 and the CPU by default): the promise of a function that makes a tensor from sizes."""
+    name, place = call.arguments.get("dtype"), call.arguments.get("device")
+    dtype, device = dtype_of(name) if name else torch.float32, torch.device(place or "cpu")
+    engine.assert_shape(result, where, shape, hints, dtype)
+    if result.dtype != dtype:
+        asked = f"dtype={name}" if name else "the default dtype, torch.float32,"
+        fail(
+            f"{where} has dtype {result.dtype}, but {asked} asks for {dtype}.",
+            TEXT["dtype ignored"],
+            expected=str(dtype),
+            got=str(result.dtype),
+        )
+    if result.device.type != device.type or device.index not in (None, result.device.index):
+        asked = f"device='{place}'" if place is not None else "the default device, the CPU,"
+        fail(
+            f"{where} is on {result.device}, but {asked} asks for {device}.",
+            TEXT["device ignored"],
+            expected=str(device),
+            got=str(result.device),
+        )
+
+
 # --- 1. sinusoidal encodings
 
 
-def sinusoid(max_len: int, d_model: int, row: str = "") -> torch.Tensor:
+def sinusoid(max_len: int, d_model: int, row: str = "", base: float = 10000.0) -> torch.Tensor:
     """The encodings as a row computes them, in float64 (check code; ``row`` names a mistake in TEXT)."""
+    base = 10000.0 if row == "base ignored" else base
     positions = torch.arange(max_len, dtype=torch.float64).unsqueeze(1) + (row == "from one")
     pair = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i
     exponent = {"double exponent": 2 * pair}.get(row, pair) / d_model
-    angles = positions / 10000.0**exponent  # [max_len, d_model / 2]
+    angles = positions / base**exponent  # [max_len, d_model / 2]
     if row == "base multiplied":
-        angles = positions * 10000.0**exponent
+        angles = positions * base**exponent
     first, second = angles.sin(), angles.cos()
     if row == "feature exponent":  # feature k's exponent is k / d_model: the cosines' are (2i + 1) / d_model
-        second = (positions / 10000.0 ** ((pair + 1) / d_model)).cos()
+        second = (positions / base ** ((pair + 1) / d_model)).cos()
     if row == "cos sin swapped":
         first, second = angles.cos(), angles.sin()
     if row == "halves":
@@ -114,27 +253,66 @@ SINUSOID_ROWS = (
     "base multiplied",
     "from one",
 )
+# the cases of the documented arguments, besides the sizes: base, dtype (by name) and device; "meta" results
+# have a shape, a dtype and a device but no values
+SINUSOID_OPTIONS = {
+    False: (
+        {"max_len": 10, "d_model": 6, "base": 50.0},
+        {"max_len": 40, "d_model": 16, "dtype": "torch.float64"},
+        {"max_len": 9, "d_model": 4, "dtype": "torch.float16"},
+        {"max_len": 5, "d_model": 8, "device": META},
+        {"max_len": 3, "d_model": 4, "dtype": "torch.float64", "device": "meta"},
+    ),
+    True: (
+        {"max_len": 20, "d_model": 10, "base": 10.0},
+        {"max_len": 50, "d_model": 32, "base": 500000.0, "dtype": "torch.float64"},
+        {"max_len": 64, "d_model": 6, "dtype": "torch.bfloat16"},
+        {"max_len": 7, "d_model": 64, "dtype": "torch.float64"},
+        {"max_len": 6, "d_model": 4, "dtype": "torch.float64", "device": "cpu"},
+        {"max_len": 4, "d_model": 2, "device": "meta"},
+        {"max_len": 2, "d_model": 12, "dtype": "torch.bfloat16", "device": META},
+    ),
+}
 
 
-@behaviour(function="sinusoidal_encoding", points=2, hints=HINTS)
+@behaviour(function="sinusoidal_encoding", points=2, hints=HINTS, driver=DTYPED)
 def sinusoidal_values(part: Part) -> Iterator[Check]:
     """sinusoidal_encoding(max_len, d_model) is [max_len, d_model] with PE[pos, 2i] = sin(pos / 10000^(2i /
-    d_model)) and PE[pos, 2i + 1] = cos(pos / 10000^(2i / d_model))."""
-    sizes = ((12, 8), (40, 16)) if not part.hidden else ((1, 2), (64, 6), (30, 128), (7, 64))
-    for max_len, d_model in sizes:
-        call = part.call(max_len=max_len, d_model=d_model)
-        expected = (
-            part.reference(max_len, d_model, dtype=torch.float64)
-            if part.hidden
-            else sinusoid(max_len, d_model)
-        )
+    d_model)) and PE[pos, 2i + 1] = cos(pos / 10000^(2i / d_model)).
 
-        def judge(result: Any, call=call, expected=expected, sizes=(max_len, d_model)) -> None:
-            mistakes = lambda: (Mistake(TEXT[row], sinusoid(*sizes, row)) for row in SINUSOID_ROWS)  # noqa: E731
-            hints = _shape_hints("encoding", max_len=sizes[0], d_model=sizes[1])
-            assert_values(result, expected, f"the result of {call}", mistakes=mistakes, hints=hints)
+    Also with another ``base``; the result in ``dtype`` (float32 by default), computed in float64 (a float64
+    result has float64's precision), on ``device`` (checked on ``meta``); ``ValueError`` for an odd
+    ``d_model``.
+    """
+    meta_ready()
+    sizes = ((12, 8), (40, 16)) if not part.hidden else ((1, 2), (64, 6), (30, 128), (7, 64))
+    cases = [{"max_len": m, "d_model": d} for m, d in sizes] + list(SINUSOID_OPTIONS[part.hidden])
+    if part.hidden:
+        cases.append({"max_len": 5, "d_model": 6, "device": part.device})
+    for arguments in cases:
+        call = part.call(**arguments)
+        max_len, d_model, base = arguments["max_len"], arguments["d_model"], arguments.get("base", 10000.0)
+        expected = None
+        if torch.device(arguments.get("device") or "cpu") != META:
+            expected = (
+                part.reference(max_len, d_model, base, dtype=torch.float64)
+                if part.hidden
+                else sinusoid(max_len, d_model, base=base)
+            )
+
+        def judge(result: Any, call=call, expected=expected, sizes=(max_len, d_model, base)) -> None:
+            max_len, d_model, base = sizes
+            rows = (*SINUSOID_ROWS, "base ignored") if base != 10000.0 else SINUSOID_ROWS
+            mistakes = lambda: (Mistake(TEXT[row], sinusoid(max_len, d_model, row, base)) for row in rows)  # noqa: E731
+            hints = _shape_hints("encoding", max_len=max_len, d_model=d_model)
+            where = f"the result of {call}"
+            if expected is not None:
+                assert_values(result, expected, where, mistakes=mistakes, hints=hints)
+            assert_made(result, call, where, (max_len, d_model), hints)
 
         yield Check(call, judge)
+    for d_model in (7,) if not part.hidden else (1, 129):
+        yield engine.raises(part.call(max_len=4, d_model=d_model), "ValueError", "if d_model is odd")
 
 
 # --- 2. RoPE
@@ -148,6 +326,8 @@ def rope(
     d = x.size(-1)
     if row == "positions ignored":
         positions = torch.arange(x.size(-2)).expand_as(positions)
+    if row == "positions truncated":
+        positions = positions.trunc()
     if row == "base ignored":
         base = 10000.0
     exponent = torch.arange(d // 2, dtype=torch.float64) * (1 if row == "rope exponent" else 2) / d
@@ -202,6 +382,7 @@ def _rope_check(part: Part, x, positions, base: float, interleaved: bool, expect
             expected = rope(x, positions, base, interleaved)
     rows = [r for r in ROPE_ROWS if not (r == "base ignored" and base == 10000.0)]
     rows.append("half for interleaved" if interleaved else "interleaved for half")
+    rows += ["positions truncated"] if positions.is_floating_point() else []
 
     def judge(result: Any) -> None:
         mistakes = lambda: (Mistake(TEXT[row], rope(x, positions, base, interleaved, row)) for row in rows)  # noqa: E731
@@ -214,24 +395,35 @@ def _rope_inputs(part: Part, interleaved: bool) -> Iterator[Check]:
     hand = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]], dtype=torch.float64, device=part.device)  # [1, 1, d = 4]
     one = torch.tensor([1], device=part.device)
     yield _rope_check(part, hand, one, 100.0, interleaved, by_hand(interleaved), "worked out by hand")
+    # x of 4, 3 and 2 axes ([..., len, d]); integer positions, and float ones (float32, float64)
     cases = [((2, 3, 5, 8), [0, 3, 1, 7, 2], 10000.0), ((2, 6, 4), [4, 5, 6, 7, 8, 9], 500.0)]
+    cases += [((4, 6), [2, 0, 5, 1], 100.0), ((2, 5, 6), [0.5, 1.25, 2.0, 7.75, 3.5], 10000.0)]
     if part.hidden:
         cases = [
             ((3, 2, 7, 16), [5, 0, 2, 9, 1, 3, 30], 10000.0),
             ((1, 4, 3, 64), [100, 101, 102], 10000.0),
             ((5, 6), [0, 1, 2, 3, 4], 10.0),
             ((2, 2, 9, 10), list(range(9)), 1000.0),
+            ((3, 4, 8), torch.tensor([0.25, 10.5, 100.75, 3.0], dtype=torch.float64), 1000.0),
         ]
     for index, (shape, positions, base) in enumerate(cases):
         x = randn(shape, seed=40 + index, device=part.device)
-        yield _rope_check(part, x, torch.tensor(positions, device=part.device), base, interleaved)
+        yield _rope_check(part, x, torch.as_tensor(positions, device=part.device), base, interleaved)
 
 
 @behaviour(function="apply_rope", points=2, hints=HINTS)
 def rope_half_split(part: Part) -> Iterator[Check]:
     """By default (interleaved=False) apply_rope rotates each pair (x[i], x[i + d/2]) by the angle position *
-    theta_i, theta_i = base^(-2i/d): Hugging Face's rotate_half convention."""
+    theta_i, theta_i = base^(-2i/d): Hugging Face's rotate_half convention.
+
+    Also the documented errors: ``ValueError`` for an odd ``d`` and for positions that are not ``[len]`` or
+    ``[batch, len]`` for ``x``'s ``len``.
+    """
     yield from _rope_inputs(part, interleaved=False)
+    for shape, positions, condition in ROPE_ERRORS[part.hidden]:
+        x = randn(shape, seed=90, device=part.device)
+        call = part.call(x=x, positions=positions.to(part.device))
+        yield engine.raises(call, "ValueError", condition, TEXT["rope validation"])
 
 
 @behaviour(function="apply_rope", points=1, hints=HINTS)
@@ -256,6 +448,23 @@ def rope_batched_positions(part: Part) -> Iterator[Check]:
         yield _rope_check(part, x, torch.tensor(positions, device=part.device), 10000.0, False)
 
 
+# (x's shape, positions, the condition) of the documented ValueErrors
+ROPE_ERRORS = {
+    False: (
+        ((2, 5, 7), torch.arange(5), "if d (x.size(-1) = 7) is odd"),
+        ((2, 5, 6), torch.arange(6), "if positions [6] does not have x's len = 5"),
+        ((2, 3, 5, 6), torch.arange(12).view(2, 6), "if positions [2, 6] does not have x's len = 5"),
+        ((2, 5, 6), torch.arange(5).view(1, 1, 5), "if positions is neither [len] nor [batch, len]"),
+    ),
+    True: (
+        ((3, 2, 4, 5), torch.arange(4), "if d (x.size(-1) = 5) is odd"),
+        ((3, 4, 8), torch.arange(3), "if positions [3] does not have x's len = 4"),
+        ((2, 3, 5, 8), torch.arange(8).view(2, 4), "if positions [2, 4] does not have x's len = 5"),
+        ((2, 3, 5, 8), torch.arange(10).view(2, 1, 5), "if positions is neither [len] nor [batch, len]"),
+    ),
+}
+
+
 # positions of the half-precision cases: angles computed in float16 or bfloat16 are far off there, while
 # float32 angles, from either 1 / base^(2i/d) or base^(-2i/d), stay within the result's own rounding. The
 # float32 case comes first, so that a mistake of another kind fails without the note on half precision
@@ -267,26 +476,66 @@ HALF_NOTE = (
 )
 
 
-@behaviour(function="apply_rope", points=1, hints=HINTS)
+# (dtype, positions [len] or [batch, len], interleaved) of rope_dtype_device: each half dtype with each
+# convention and each form of positions, so that angles computed in half precision on one path show
+DTYPE_CASES = {
+    False: (
+        (torch.float32, torch.arange(6), False),
+        (torch.float16, torch.tensor(HALF_POSITIONS), False),
+        (torch.bfloat16, torch.tensor(HALF_POSITIONS), True),
+        (torch.float16, torch.tensor((HALF_POSITIONS, HALF_POSITIONS[::-1])), True),
+        (torch.bfloat16, torch.tensor((HALF_POSITIONS[::-1], HALF_POSITIONS)), False),
+    ),
+    True: (
+        (torch.float32, torch.arange(6), True),
+        (torch.bfloat16, torch.tensor(HALF_POSITIONS), False),
+        (torch.float16, torch.tensor(HALF_POSITIONS), True),
+        (torch.float64, torch.tensor((2, 4, 999, 1999, 3, 7)), False),
+        (torch.bfloat16, torch.tensor((HALF_POSITIONS, (5, 1998, 1500, 7, 900, 64))), True),
+    ),
+}
+
+
+# (dtype, positions' shape, interleaved) of the cases on 'meta', where only the result's shape, dtype and
+# device are known: x's device must be the result's without a GPU too
+META_CASES = {
+    False: ((torch.float32, (5,), False), (torch.bfloat16, (2, 5), True)),
+    True: ((torch.float16, (5,), True), (torch.float64, (2, 5), False)),
+}
+
+
+@behaviour(function="apply_rope", points=1, hints=HINTS, driver=DTYPED)
 def rope_dtype_device(part: Part) -> Iterator[Check]:
     """apply_rope returns a tensor of x's shape, dtype and device (float32, float16, bfloat16), rotated with
     the tolerance of that dtype; in float16 and bfloat16 at positions up to 2000, which need angles computed
-    in float32."""
-    dtypes = (
-        (torch.float32, torch.float16) if not part.hidden else (torch.float32, torch.bfloat16, torch.float64)
-    )
-    for index, dtype in enumerate(dtypes):
+    in float32.
+
+    Both conventions, positions ``[len]`` and ``[batch, len]``: a path that computes its angles in half
+    precision shows at large positions only. The device is also checked on ``meta``, which needs no GPU.
+    """
+    meta_ready()
+    for index, (dtype, positions, interleaved) in enumerate(DTYPE_CASES[part.hidden]):
         x = randn((2, 3, 6, 8), seed=80 + index, device=part.device, dtype=dtype)
-        positions = torch.tensor(HALF_POSITIONS) if dtype in HALF else torch.arange(6)
         positions = positions.to(part.device)
-        call = part.call(x=x, positions=positions)
-        expected = rope(x, positions.cpu(), 10000.0, False)
+        arguments = {"x": x, "positions": positions} | ({"interleaved": True} if interleaved else {})
+        call = part.call(**arguments)
+        expected = rope(x, positions.cpu(), 10000.0, interleaved)
         note = HALF_NOTE if dtype in HALF else ""
 
         def judge(result: Any, call=call, x=x, expected=expected, note=note) -> None:
             where = f"the result of {call}"
             engine.assert_format(result, where, x.shape, x.dtype, x.device)
             assert_values(result, expected, where, dtype=x.dtype, note=note)
+
+        yield Check(call, judge, untouched=True)
+    for dtype, shape, interleaved in META_CASES[part.hidden]:
+        x = torch.empty(2, 3, 5, 8, dtype=dtype, device=META)
+        positions = torch.arange(5, device=META).expand(shape).contiguous()
+        arguments = {"x": x, "positions": positions} | ({"interleaved": True} if interleaved else {})
+        call = part.call(**arguments)
+
+        def judge(result: Any, call=call, x=x) -> None:
+            engine.assert_format(result, f"the result of {call}", x.shape, x.dtype, x.device)
 
         yield Check(call, judge, untouched=True)
 
@@ -323,15 +572,21 @@ WRITTEN = {
     4: [-2, -4, -6, -8],
     6: [-2, -4, -6, -8, -1, -3],
     12: [-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5, -3.5],
+    16: [-h / 2 for h in range(1, 17)],
+    2: [-4, -8],
 }
 
 
-def _slopes_check(part: Part, n_heads: int) -> Check:
-    call = part.call(n_heads=n_heads)
-    if part.hidden:
-        expected = part.reference(n_heads, dtype=torch.float64)
-    else:
-        expected = torch.tensor([2.0**e for e in WRITTEN[n_heads]], dtype=torch.float64)
+def _slopes_check(part: Part, n_heads: int, formats: bool = False, **options: Any) -> Check:
+    """The slopes of ``n_heads`` heads; with ``formats``, their dtype and device too (``options``: ``dtype``
+    by name, ``device``)."""
+    call = part.call(n_heads=n_heads, **options)
+    expected = None
+    if torch.device(options.get("device") or "cpu") != META:
+        if part.hidden:
+            expected = part.reference(n_heads, dtype=torch.float64)
+        else:
+            expected = torch.tensor([2.0**e for e in WRITTEN[n_heads]], dtype=torch.float64)
 
     def judge(result: Any) -> None:
         if isinstance(result, list | tuple):
@@ -339,20 +594,55 @@ def _slopes_check(part: Part, n_heads: int) -> Check:
                 f"{call} returned a {type(result).__name__}, expected a tensor [{n_heads}].",
                 "torch.tensor(slopes)",
             )
-        rows = [row for row in SLOPE_ROWS if not torch.equal(slopes(n_heads, row), expected)]
-        mistakes = lambda: (Mistake(TEXT[row], slopes(n_heads, row)) for row in rows)  # noqa: E731
         hints = _shape_hints("slopes", n_heads=n_heads)
-        assert_values(result, expected, f"the result of {call}", mistakes=mistakes, hints=hints)
+        if expected is not None:
+            rows = [row for row in SLOPE_ROWS if not torch.equal(slopes(n_heads, row), expected)]
+            mistakes = lambda: (Mistake(TEXT[row], slopes(n_heads, row)) for row in rows)  # noqa: E731
+            where = f"the result of {call}"
+            # dtype promises the result's dtype, not the computation's: float32's tolerance at least
+            assert_values(result, expected, where, dtype=torch.float32, mistakes=mistakes, hints=hints)
+        if formats:
+            assert_made(result, call, f"the result of {call}", (n_heads,), hints)
 
     return Check(call, judge)
 
 
-@behaviour(function="alibi_slopes", points=1, hints=HINTS)
+# (n_heads, a power of two; dtype by name; device) of the calls that pass dtype and device
+SLOPE_OPTIONS = {
+    False: (
+        (16, "torch.float64", None),
+        (8, "torch.float16", None),
+        (4, None, META),
+        (2, "torch.float64", "meta"),
+    ),
+    True: (
+        (32, "torch.float64", "cpu"),
+        (2, "torch.bfloat16", None),
+        (16, None, "meta"),
+        (1, "torch.float64", META),
+    ),
+}
+
+
+@behaviour(function="alibi_slopes", points=1, hints=HINTS, driver=DTYPED)
 def alibi_slopes_power_of_two(part: Part) -> Iterator[Check]:
     """For n_heads a power of two the slopes are 2^(-8h/n_heads), h = 1 .. n_heads: 2^-1 ... 2^-8 for 8
-    heads."""
+    heads.
+
+    Also the documented arguments and error: the result in ``dtype`` (float32 by default) on ``device``
+    (checked on ``meta``), ``ValueError`` if ``n_heads < 1``.
+    """
+    meta_ready()
     for n_heads in (8, 4) if not part.hidden else (1, 2, 16, 32, 64):
-        yield _slopes_check(part, n_heads)
+        yield _slopes_check(part, n_heads, formats=True)
+    options = [*SLOPE_OPTIONS[part.hidden], *([(8, "torch.float64", part.device)] if part.hidden else [])]
+    for n_heads, dtype, device in options:
+        arguments = {"dtype": dtype} if dtype else {}
+        yield _slopes_check(part, n_heads, True, **arguments, **({"device": device} if device else {}))
+    for n_heads in (0,) if not part.hidden else (-1, -8):
+        yield engine.raises(
+            part.call(n_heads=n_heads), "ValueError", "if n_heads < 1", TEXT["slopes validation"]
+        )
 
 
 @behaviour(function="alibi_slopes", points=1, hints=HINTS)
@@ -381,29 +671,94 @@ def bias(n_heads: int, q_len: int, k_len: int, row: str = "") -> torch.Tensor:
 BIAS_ROWS = ("bias sign", "nearest penalised", "authors' m j", "symmetric", "later keys zero", "top-left")
 
 
-def _bias_checks(part: Part, cases) -> Iterator[Check]:
-    for n_heads, q_len, k_len in cases:
-        call = part.call(n_heads=n_heads, q_len=q_len, k_len=k_len)
-        if part.hidden:
-            expected = part.reference(n_heads, q_len, k_len, dtype=torch.float64)
-        else:
-            expected = bias(n_heads, q_len, k_len)
+def _powers(values: torch.Tensor) -> str:
+    """Slopes written as powers of two: ``2^-1, 2^-2, ...`` (the first eight)."""
+    shown = [f"2^{math.log2(v):.3g}" if v > 0 else f"{v:.3g}" for v in values.tolist()[:8]]
+    return ", ".join(shown) + (", ..." if values.numel() > 8 else "")
 
-        def judge(result: Any, call=call, expected=expected, sizes=(n_heads, q_len, k_len)) -> None:
-            rows = [row for row in BIAS_ROWS if not torch.equal(bias(*sizes, row), expected)]
-            mistakes = lambda: (Mistake(TEXT[row], bias(*sizes, row)) for row in rows)  # noqa: E731
+
+def _slopes_first(result: Any, where: str, sizes: tuple[int, int, int]) -> None:
+    """Fail, naming the slopes, if the bias is ``slope'_h * (j - i - (k_len - q_len))`` with other positive
+    slopes than ``alibi_slopes(n_heads)``'s: the cause is then in the slopes (the learner's own alibi_slopes,
+    which alibi_bias uses), and the distances are right."""
+    n_heads, q_len, k_len = sizes
+    if not isinstance(result, torch.Tensor) or tuple(result.shape) != sizes or result.device.type == "meta":
+        return
+    distance = bias(1, q_len, k_len)[0] / slopes(1)[0]  # j - i - (k_len - q_len)
+    if not distance.any() or not result.is_floating_point():
+        return
+    found = result.detach().cpu().double()
+    fitted = (found * distance).sum((-2, -1)) / distance.pow(2).sum()  # least squares, per head
+    right, dtype = slopes(n_heads), engine.coarser(torch.float32, result.dtype)
+    if not (fitted > 0).all() or engine.close(fitted, right, dtype):
+        return
+    if not engine.close(found, fitted.view(-1, 1, 1) * distance, dtype):
+        return
+    known = (Mistake(TEXT[row], slopes(n_heads, row)) for row in SLOPE_ROWS)
+    fail(
+        f"{where} has the right distances, but its slopes (bias[h] / (j - i - (k_len - q_len))) are "
+        f"{_powers(fitted)} where {_powers(right)} are expected, the slopes of alibi_slopes({n_heads}).",
+        engine.diagnose(fitted, known, dtype) or TEXT["slopes wrong"],
+        expected=_powers(right),
+        got=_powers(fitted),
+    )
+
+
+def _bias_checks(part: Part, cases, formats: bool = False) -> Iterator[Check]:
+    """Each ``(n_heads, q_len, k_len)`` or ``{...}`` of arguments; with ``formats``, dtype and device too."""
+    for case in cases:
+        arguments = (
+            case if isinstance(case, dict) else dict(zip(("n_heads", "q_len", "k_len"), case, strict=True))
+        )
+        call = part.call(**arguments)
+        sizes = (arguments["n_heads"], arguments["q_len"], arguments["k_len"])
+        expected = None
+        if torch.device(arguments.get("device") or "cpu") != META:
+            expected = part.reference(*sizes, dtype=torch.float64) if part.hidden else bias(*sizes)
+
+        def judge(result: Any, call=call, expected=expected, sizes=sizes) -> None:
             hints = _shape_hints("bias", n_heads=sizes[0], q_len=sizes[1], k_len=sizes[2])
-            assert_values(result, expected, f"the bias returned by {call}", mistakes=mistakes, hints=hints)
+            where = f"the bias returned by {call}"
+            if expected is not None:
+                _slopes_first(result, where, sizes)
+                rows = [row for row in BIAS_ROWS if not torch.equal(bias(*sizes, row), expected)]
+                mistakes = lambda: (Mistake(TEXT[row], bias(*sizes, row)) for row in rows)  # noqa: E731
+                assert_values(result, expected, where, dtype=torch.float32, mistakes=mistakes, hints=hints)
+            if formats:
+                assert_made(result, call, where, sizes, hints)
 
         yield Check(call, judge)
 
 
-@behaviour(function="alibi_bias", points=1, hints=HINTS)
+# the calls of alibi_bias_square that pass dtype and device
+BIAS_OPTIONS = {
+    False: (
+        {"n_heads": 4, "q_len": 3, "k_len": 3, "dtype": "torch.float64"},
+        {"n_heads": 2, "q_len": 2, "k_len": 2, "device": META},
+        {"n_heads": 8, "q_len": 2, "k_len": 2, "dtype": "torch.float64", "device": "meta"},
+    ),
+    True: (
+        {"n_heads": 6, "q_len": 5, "k_len": 5, "dtype": "torch.float64", "device": "cpu"},
+        {"n_heads": 16, "q_len": 4, "k_len": 4, "dtype": "torch.bfloat16"},
+        {"n_heads": 12, "q_len": 3, "k_len": 3, "device": "meta"},
+        {"n_heads": 3, "q_len": 6, "k_len": 6, "dtype": "torch.float16", "device": META},
+    ),
+}
+
+
+@behaviour(function="alibi_bias", points=1, hints=HINTS, driver=DTYPED)
 def alibi_bias_square(part: Part) -> Iterator[Check]:
     """With q_len = k_len, alibi_bias is [n_heads, q_len, k_len] with bias[h, i, j] = slope_h * (j - i): 0 on
-    the diagonal, -slope_h * distance for earlier keys."""
+    the diagonal, -slope_h * distance for earlier keys.
+
+    Also the result in ``dtype`` (float32 by default) on ``device`` (checked on ``meta``). Wrong slopes (the
+    learner's alibi_slopes) are named before anything else.
+    """
+    meta_ready()
     cases = ((4, 5, 5), (8, 3, 3)) if not part.hidden else ((2, 6, 6), (16, 4, 4), (6, 5, 5), (1, 1, 1))
-    yield from _bias_checks(part, cases)
+    options = [*BIAS_OPTIONS[part.hidden]]
+    options += [{"n_heads": 4, "q_len": 2, "k_len": 2, "device": part.device}] if part.hidden else []
+    yield from _bias_checks(part, [*cases, *options], formats=True)
 
 
 @behaviour(function="alibi_bias", points=1, hints=HINTS)

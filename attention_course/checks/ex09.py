@@ -4,13 +4,19 @@ The layer is judged twice: for a large ``alpha`` against ``F.conv2d(padding=K //
 Cordonnier, Loukas and Jaggi prove), and for small ``alpha`` against the attention formula written out here
 (each head's softmax over the keys of the zero-padded image), where it is *not* a convolution: a learner who
 returns ``F.conv2d`` or puts hard one-hot weights passes the first and fails the second, as they should. The
-known mistakes are rows of one parametrised computation, :func:`attention`.
+known mistakes are rows of one parametrised computation, :func:`attention`. Each value cell runs a float32
+case with a 5 x 5 kernel, whose scores reach ``alpha ||Delta||^2 = 400``: a softmax without its maximum
+subtracted overflows there (``exp(400)`` is inf in float32, not in float64).
+
+The encoding's ``dtype`` and ``device`` are checked as ex08 checks its functions that make a tensor from sizes
+(:data:`~attention_course.checks.ex08.DTYPED`, the ``meta`` device).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,8 +30,10 @@ from attention_course.checks.engine import (
     Part,
     assert_values,
     behaviour,
+    fail,
     randn,
 )
+from attention_course.checks.ex08 import DTYPED, META, assert_made, meta_ready
 
 TEXT = engine.table("""
 q minus k: the shift is q - k: the paper's (and the task's) is delta = k - q, the key's pixel minus the
@@ -49,6 +57,9 @@ shifts from zero: the shifts run from 0 to K - 1: they are centred, Delta = (a -
 bias per head: the bias is added by every head (K^2 times): add it once, after summing the heads
 no bias: the bias is not added
 softmax over queries: the softmax runs over the queries: each head's weights sum to 1 over the keys (dim=-1)
+unstable: a softmax written out without subtracting each row's maximum (per head and query, over the keys:
+    scores.amax(dim=-1, keepdim=True)), or with one maximum for every head, which leaves the other heads' rows
+    at exp(-400) = 0 and 0 / 0: subtract each row's own maximum, or call torch.softmax(scores, dim=-1)
 hard: the result is the convolution itself, at this alpha too: with alpha = {alpha} each head's softmax
     spreads its weight over a neighbourhood (weights exp(-alpha ||delta - Delta||^2), normalised), so the
     layer is not a convolution. Compute the softmax of the scores; do not call F.conv2d or put one-hot weights
@@ -65,6 +76,43 @@ HINTS = engine.hint_table("""
 mat1 and mat2 shapes | size of tensor | must match the size: each head maps the C_in channels of a pixel to
     C_out with weight[:, :, a, b]^T, [C_in, C_out]; the checks use C_in != C_out
 """)
+ENCODING_HINTS = engine.hint_table("""
+meta tensor | expected device: the check passes device='meta' (a device of shapes without data, so that it
+    needs no GPU): create every tensor with device=device, and avoid .item(), .tolist() and Python loops over
+    a tensor's values
+""")
+VALIDATION = (
+    "check the kernel first and raise ValueError(...) with a message: when weight.size(-2) != "
+    "weight.size(-1) or the side is even, and when weight.size(1) != x.size(1)"
+)
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+quadratic_relative_encoding height: encoding_shape, encoding_values; 1 .. 5 rows, pixels numbered row by row
+quadratic_relative_encoding width: encoding_shape, encoding_values; 1 .. 5 columns, every height != width too
+quadratic_relative_encoding dtype: encoding_shape; float32 by default, float64, float16 (visible), bfloat16
+    (hidden)
+quadratic_relative_encoding device: encoding_shape; 'meta' as a torch.device and as a string (no GPU
+    needed), the CPU by default; the checks' device, hidden
+quadratic_relative_encoding returns: encoding_shape, encoding_values; [H * W, H * W, 3], queries, keys,
+    (||delta||^2, delta_1, delta_2) with delta = k - q, of dtype on device
+attention_conv2d x: conv_shapes, conv_matches_conv2d, conv_is_attention; [batch, C_in, height, width],
+    float32 and float64, every size different, left unchanged
+attention_conv2d weight: conv_shapes, conv_matches_conv2d, conv_is_attention; K = 3 and 5 (visible), 1, 3
+    and 5 (hidden), C_in != C_out, weight[:, :, a, b] for Delta = (a - K//2, b - K//2), left unchanged
+attention_conv2d bias: conv_matches_conv2d, conv_is_attention; a tensor [C_out] added once, None, and left out
+    (its default None)
+attention_conv2d alpha: conv_matches_conv2d, conv_is_attention; 50 (its default too), 3, 1, 0.5 and 0.25
+attention_conv2d returns: conv_shapes, conv_matches_conv2d; [batch, C_out, height, width] of x's dtype and
+    device; F.conv2d(padding=K // 2) for alpha = 50
+attention_conv2d raises ValueError: conv_shapes; an even side, a kernel that is not square, C_in other than
+    x's
+attention_conv2d softmax over the keys: conv_matches_conv2d, conv_is_attention; float32 with scores up to 400
+    (a softmax needs each row's maximum subtracted), small alpha against the formula
+attention_conv2d zero padding: conv_matches_conv2d, conv_is_attention; the border pixels' heads see zeros
+attention_conv2d from scratch: conv_from_scratch; no convolution, unfold or built-in attention
+""")
+
+
 # PyTorch's convolutions compute the answer; its attention would take the softmax that the task asks for
 RULE = FromScratch(
     "the convolution as attention heads, with your own softmax of the scores",
@@ -111,15 +159,40 @@ def _encoding_hints(height: int, width: int) -> dict[tuple[int, ...], str]:
     return engine.shapes(TEXT, "encoding", hw=height * width, h=height, w=width)
 
 
-@behaviour(function="quadratic_relative_encoding", points=1)
-def encoding_shape(part: Part) -> Iterator[Check]:
-    """quadratic_relative_encoding(height, width) returns a tensor [height * width, height * width, 3]."""
-    for height, width in ((2, 3), (4, 4)) if not part.hidden else ((1, 5), (3, 2), (5, 4)):
-        call = part.call(height=height, width=width)
+# the calls of encoding_shape that pass dtype (by name) and device
+ENCODING_OPTIONS = {
+    False: (
+        {"height": 3, "width": 2, "dtype": "torch.float64"},
+        {"height": 2, "width": 2, "device": META},
+        {"height": 1, "width": 3, "dtype": "torch.float16", "device": "meta"},
+    ),
+    True: (
+        {"height": 4, "width": 3, "dtype": "torch.bfloat16"},
+        {"height": 2, "width": 5, "dtype": "torch.float64", "device": "cpu"},
+        {"height": 3, "width": 3, "device": "meta"},
+        {"height": 2, "width": 2, "dtype": "torch.float64", "device": META},
+    ),
+}
 
-        def judge(result: Any, call=call, sizes=(height, width)) -> None:
+
+@behaviour(function="quadratic_relative_encoding", points=1, hints=ENCODING_HINTS, driver=DTYPED)
+def encoding_shape(part: Part) -> Iterator[Check]:
+    """quadratic_relative_encoding(height, width) returns a tensor [height * width, height * width, 3].
+
+    Of ``dtype`` (float32 by default, float64, half precision) on ``device`` (checked on ``meta``).
+    """
+    meta_ready()
+    sizes = ((2, 3), (4, 4)) if not part.hidden else ((1, 5), (3, 2), (5, 4))
+    cases = [{"height": height, "width": width} for height, width in sizes] + list(
+        ENCODING_OPTIONS[part.hidden]
+    )
+    cases += [{"height": 2, "width": 3, "device": part.device}] if part.hidden else []
+    for arguments in cases:
+        call = part.call(**arguments)
+
+        def judge(result: Any, call=call, sizes=(arguments["height"], arguments["width"])) -> None:
             n = sizes[0] * sizes[1]
-            engine.assert_shape(result, f"the result of {call}", (n, n, 3), _encoding_hints(*sizes))
+            assert_made(result, call, f"the result of {call}", (n, n, 3), _encoding_hints(*sizes))
 
         yield Check(call, judge)
 
@@ -189,6 +262,7 @@ CONV_ROWS += ("no bias", "softmax over queries")
 # (batch, C_in, C_out, height, width, K): every size different
 VISIBLE = ((2, 3, 4, 5, 6, 3), (1, 2, 3, 4, 7, 3))
 HIDDEN = ((2, 3, 2, 6, 5, 5), (3, 1, 4, 4, 4, 3), (1, 4, 5, 3, 8, 1), (2, 2, 3, 7, 3, 3))
+LARGE_SCORES = (1, 2, 3, 4, 5, 5)  # a 5 x 5 kernel: head Delta = (2, 2) scores up to 50 * 8 = 400
 
 
 def _inputs(part: Part, sizes, seed: int, dtype=torch.float64, bias=True) -> dict[str, Any]:
@@ -223,6 +297,30 @@ def _conv_check(part: Part, arguments: dict[str, Any], alpha: float, expected, l
     return Check(call, judge, untouched=True)
 
 
+def _finite_first(check: Check) -> Check:
+    """``check`` of a float32 call whose scores reach 400, failing first, with the cause, on NaN or inf."""
+    call = check.calls[0]
+
+    def judge(result: Any) -> None:
+        if isinstance(result, torch.Tensor) and result.is_floating_point() and not result.isfinite().all():
+            bad = int((~result.isfinite()).sum())
+            fail(
+                f"the result of {call} contains NaN or inf ({bad} of {result.numel()} elements): with a "
+                "5 x 5 kernel and alpha = 50 the scores v . r of head Delta reach alpha ||Delta||^2 = 400, "
+                "and exp() is inf past 88 in float32.",
+                TEXT["unstable"],
+            )
+        check.judge(result)
+
+    return replace(check, judge=judge)
+
+
+def _conv2d(arguments: dict[str, Any]) -> torch.Tensor:
+    """F.conv2d of the arguments, padded by K // 2, in float64: the limit of a large alpha."""
+    x, weight, bias = (arguments[name] for name in ("x", "weight", "bias"))
+    return F.conv2d(x.double(), weight.double(), _double(bias), padding=weight.size(-1) // 2)
+
+
 def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.cpu()
 
@@ -231,21 +329,49 @@ def _double(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.double()
 
 
+# (x's shape, weight's shape, the condition) of the documented ValueErrors
+CONV_ERRORS = {
+    False: (
+        ((1, 2, 4, 5), (3, 2, 2, 2), "if the kernel's side (2) is even"),
+        ((1, 2, 4, 5), (3, 2, 3, 1), "if the kernel (3 x 1) is not square"),
+        ((1, 3, 4, 5), (3, 2, 3, 3), "if the kernel's C_in (2) is not x's (3)"),
+    ),
+    True: (
+        ((2, 1, 5, 4), (2, 1, 4, 4), "if the kernel's side (4) is even"),
+        ((1, 2, 6, 6), (1, 2, 5, 3), "if the kernel (5 x 3) is not square"),
+        ((2, 1, 4, 4), (2, 4, 3, 3), "if the kernel's C_in (4) is not x's (1)"),
+    ),
+}
+
+
 @behaviour(function="attention_conv2d", points=1, hints=HINTS)
 def conv_shapes(part: Part) -> Iterator[Check]:
     """attention_conv2d(x [batch, C_in, height, width], weight [C_out, C_in, K, K], bias, alpha) returns
-    [batch, C_out, height, width]."""
-    for index, sizes in enumerate(VISIBLE if not part.hidden else HIDDEN):
-        arguments = _inputs(part, sizes, seed=10 * index, dtype=torch.float32)
+    [batch, C_out, height, width].
+
+    Of x's dtype (float32 and float64) and device; ``ValueError`` for a kernel that is not square with an odd
+    side, or whose ``C_in`` is not x's.
+    """
+    cases = VISIBLE if not part.hidden else HIDDEN
+    for index, (sizes, dtype) in enumerate(zip(cases, itertools.cycle((torch.float32, torch.float64)))):
+        arguments = _inputs(part, sizes, seed=10 * index, dtype=dtype)
         call = part.call(**arguments, alpha=50.0)
 
-        def judge(result: Any, call=call, sizes=sizes) -> None:
+        def judge(result: Any, call=call, sizes=sizes, x=arguments["x"]) -> None:
             batch, c_in, c_out, height, width, _ = sizes
             hints = engine.shapes(TEXT, "conv", batch=batch, c_in=c_in, c_out=c_out, h=height, w=width)
             hints |= engine.shapes(TEXT, "conv", batch=batch, c_out=c_out, hw=height * width)
-            engine.assert_shape(result, f"the result of {call}", (batch, c_out, height, width), hints)
+            engine.assert_format(
+                result, f"the result of {call}", (batch, c_out, height, width), x.dtype, x.device, hints
+            )
 
         yield Check(call, judge, untouched=True)
+    for index, (x_shape, weight_shape, condition) in enumerate(CONV_ERRORS[part.hidden]):
+        x = randn(x_shape, seed=50 + index, device=part.device)
+        weight = randn(weight_shape, seed=60 + index, device=part.device)
+        yield engine.raises(
+            part.call(x=x, weight=weight, bias=None, alpha=50.0), "ValueError", condition, VALIDATION
+        )
 
 
 @behaviour(function="attention_conv2d", points=3, hints=HINTS)
@@ -258,9 +384,22 @@ def conv_matches_conv2d(part: Part) -> Iterator[Check]:
             dtypes = (torch.float64,) if not part.hidden else (torch.float64, torch.float32)
             for dtype in dtypes:
                 arguments = _inputs(part, sizes, seed=100 + 10 * index, dtype=dtype, bias=bias)
-                x, weight, b = (arguments[name] for name in ("x", "weight", "bias"))
-                expected = F.conv2d(x.double(), weight.double(), _double(b), padding=weight.size(-1) // 2)
-                yield _conv_check(part, arguments, 50.0, expected)
+                yield _conv_check(part, arguments, 50.0, _conv2d(arguments))
+    if not part.hidden:
+        # float32 with a 5 x 5 kernel: scores up to alpha ||Delta||^2 = 400, past float32's exp (88)
+        arguments = _inputs(part, LARGE_SCORES, seed=150, dtype=torch.float32)
+        yield _finite_first(
+            _conv_check(part, arguments, 50.0, _conv2d(arguments), " (float32, scores up to 400)")
+        )
+        # bias and alpha left to their defaults, None and 50
+        arguments = _inputs(part, VISIBLE[1], seed=160, bias=False)
+        call = part.call(" (bias and alpha by default)", x=arguments["x"], weight=arguments["weight"])
+        expected = _conv2d(arguments)
+
+        def judge(result: Any) -> None:
+            assert_values(result, expected, f"the result of {call}", dtype=torch.float64)
+
+        yield Check(call, judge, untouched=True)
 
 
 @behaviour(function="attention_conv2d", points=2, hints=HINTS)

@@ -13,15 +13,21 @@ import torch.nn.functional as F
 from tests.banks._bank import Row
 
 BASES = {
-    "quadratic_relative_encoding": """def quadratic_relative_encoding(height, width):
-    rows = torch.arange(height).repeat_interleave(width)
-    cols = torch.arange(width).repeat(height)
+    "quadratic_relative_encoding": """def quadratic_relative_encoding(
+    height, width, dtype=torch.float32, device=None
+):
+    rows = torch.arange(height, device=device).repeat_interleave(width)
+    cols = torch.arange(width, device=device).repeat(height)
     d1 = rows[None, :] - rows[:, None]
     d2 = cols[None, :] - cols[:, None]
-    return torch.stack((d1**2 + d2**2, d1, d2), dim=-1).float()
+    return torch.stack((d1**2 + d2**2, d1, d2), dim=-1).to(dtype)
 """,
-    "attention_conv2d": """def attention_conv2d(x, weight, bias, alpha):
-    c_out, _, k, _ = weight.shape
+    "attention_conv2d": """def attention_conv2d(x, weight, bias=None, alpha=50.0):
+    c_out, c_in, k, k2 = weight.shape
+    if k != k2 or k % 2 == 0:
+        raise ValueError(f"the kernel must be square with an odd side, got {k} x {k2}")
+    if c_in != x.size(1):
+        raise ValueError(f"the kernel has {c_in} input channels, x has {x.size(1)}")
     batch, _, height, width = x.shape
     pad = k // 2
     padded = F.pad(x, (pad, pad, pad, pad))
@@ -46,6 +52,12 @@ MUST_BE_CORRECT = "must be correct before it counts as written from scratch"
 VALUES = ("conv_matches_conv2d", "conv_is_attention", "conv_from_scratch")
 ENCODING = ("encoding_shape", "encoding_values")
 STACK = "(d1**2 + d2**2, d1, d2)"
+VALIDATION = (
+    "    if k != k2 or k % 2 == 0:\n"
+    '        raise ValueError(f"the kernel must be square with an odd side, got {k} x {k2}")\n'
+    "    if c_in != x.size(1):\n"
+    '        raise ValueError(f"the kernel has {c_in} input channels, x has {x.size(1)}")\n'
+)
 
 
 def every(cells, fragment):
@@ -86,8 +98,10 @@ ROWS = [
     Row(
         "quadratic_relative_encoding",
         "column_major",
-        "rows = torch.arange(height).repeat_interleave(width)\n    cols = torch.arange(width).repeat(height)",
-        "rows = torch.arange(height).repeat(width)\n    cols = torch.arange(width).repeat_interleave(height)",
+        "rows = torch.arange(height, device=device).repeat_interleave(width)\n"
+        "    cols = torch.arange(width, device=device).repeat(height)",
+        "rows = torch.arange(height, device=device).repeat(width)\n"
+        "    cols = torch.arange(width, device=device).repeat_interleave(height)",
         {"encoding_values": "numbered column by column"},
     ),
     Row(
@@ -114,8 +128,8 @@ ROWS = [
     Row(
         "quadratic_relative_encoding",
         "image_axes_kept",
-        "    return torch.stack((d1**2 + d2**2, d1, d2), dim=-1).float()\n",
-        "    out = torch.stack((d1**2 + d2**2, d1, d2), dim=-1).float()\n"
+        "    return torch.stack((d1**2 + d2**2, d1, d2), dim=-1).to(dtype)\n",
+        "    out = torch.stack((d1**2 + d2**2, d1, d2), dim=-1).to(dtype)\n"
         "    return out.view(height, width, height, width, 3)\n",
         every(ENCODING, "flatten the pixels"),
     ),
@@ -195,18 +209,66 @@ ROWS = [
             "conv_from_scratch": MUST_BE_CORRECT,
         },
     ),
+    # the documented arguments, dtypes, devices and errors
+    Row(
+        "quadratic_relative_encoding",
+        "dtype_ignored",
+        ".to(dtype)\n",
+        ".float()\n",
+        {"encoding_shape": "but dtype=torch.float64 asks for torch.float64"},
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "integer_shifts",
+        ".to(dtype)\n",
+        "\n",
+        {"encoding_shape": "has dtype torch.int64, but the default dtype, torch.float32, asks"},
+    ),
+    Row(
+        "quadratic_relative_encoding",
+        "device_ignored",
+        "rows = torch.arange(height, device=device).repeat_interleave(width)\n"
+        "    cols = torch.arange(width, device=device).repeat(height)",
+        "rows = torch.arange(height).repeat_interleave(width)\n    cols = torch.arange(width).repeat(height)",
+        {"encoding_shape": "the device argument is ignored"},
+    ),
+    Row(
+        "attention_conv2d",
+        "no_validation",
+        VALIDATION,
+        "",
+        {"conv_shapes": "it should raise ValueError if the kernel's side (2) is even"},
+    ),
+    Row(
+        "attention_conv2d",
+        "validation_with_assert",
+        VALIDATION,
+        '    assert k == k2 and k % 2 == 1, "bad kernel"\n    assert c_in == x.size(1), "bad channels"\n',
+        {"conv_shapes": "raised AssertionError"},
+    ),
+    Row(
+        "attention_conv2d",
+        "no_defaults",
+        "def attention_conv2d(x, weight, bias=None, alpha=50.0):",
+        "def attention_conv2d(x, weight, bias, alpha):",
+        {"conv_matches_conv2d": "keep the signature given in the task", "conv_from_scratch": MUST_BE_CORRECT},
+    ),
 ]
 
 
 # --- mistakes of another structure
 
 
-def attention_conv2d__conv2d(x, weight, bias, alpha):
+def attention_conv2d__conv2d(x, weight, bias=None, alpha=50.0):
+    if weight.size(-1) != weight.size(-2) or weight.size(-1) % 2 == 0 or weight.size(1) != x.size(1):
+        raise ValueError("the kernel must be square, odd, with x's channels")
     return F.conv2d(x, weight, bias, padding=weight.size(-1) // 2)
 
 
-def attention_conv2d__hard_one_hot(x, weight, bias, alpha):
+def attention_conv2d__hard_one_hot(x, weight, bias=None, alpha=50.0):
     # hard attention: each head takes the pixel at q + Delta (a convolution written with shifts)
+    if weight.size(-1) != weight.size(-2) or weight.size(-1) % 2 == 0 or weight.size(1) != x.size(1):
+        raise ValueError("the kernel must be square, odd, with x's channels")
     c_out, _, k, _ = weight.shape
     pad = k // 2
     padded = F.pad(x, (pad, pad, pad, pad))
@@ -219,7 +281,9 @@ def attention_conv2d__hard_one_hot(x, weight, bias, alpha):
     return out if bias is None else out + bias.view(1, -1, 1, 1)
 
 
-def attention_conv2d__query_minus_key(x, weight, bias, alpha):
+def attention_conv2d__query_minus_key(x, weight, bias=None, alpha=50.0):
+    if weight.size(-1) != weight.size(-2) or weight.size(-1) % 2 == 0 or weight.size(1) != x.size(1):
+        raise ValueError("the kernel must be square, odd, with x's channels")
     c_out, _, k, _ = weight.shape
     batch, _, height, width = x.shape
     pad = k // 2
@@ -242,8 +306,10 @@ def attention_conv2d__query_minus_key(x, weight, bias, alpha):
     return out.transpose(1, 2).reshape(batch, c_out, height, width)
 
 
-def attention_conv2d__sdpa(x, weight, bias, alpha):
+def attention_conv2d__sdpa(x, weight, bias=None, alpha=50.0):
     # right values, but PyTorch's attention takes the softmax: zero content, positional scores as the mask
+    if weight.size(-1) != weight.size(-2) or weight.size(-1) % 2 == 0 or weight.size(1) != x.size(1):
+        raise ValueError("the kernel must be square, odd, with x's channels")
     c_out, _, k, _ = weight.shape
     batch, _, height, width = x.shape
     pad = k // 2
@@ -262,6 +328,73 @@ def attention_conv2d__sdpa(x, weight, bias, alpha):
     return out.transpose(1, 2).reshape(batch, c_out, height, width)
 
 
+def attention_conv2d__unshifted_softmax(x, weight, bias=None, alpha=50.0):
+    # the encoding's scores and a softmax written out without subtracting the maximum: exp(400) overflows in
+    # float32 for a 5 x 5 kernel
+    c_out, c_in, k, k2 = weight.shape
+    if k != k2 or k % 2 == 0 or c_in != x.size(1):
+        raise ValueError("the kernel must be square, odd, with x's channels")
+    batch, _, height, width = x.shape
+    p = k // 2
+    r = quadratic_relative_encoding(height + 2 * p, width + 2 * p).to(x)  # noqa: F821 (the notebook's own)
+    grid = torch.arange((height + 2 * p) * (width + 2 * p), device=x.device).view(height + 2 * p, -1)
+    r = r[grid[p : p + height, p : p + width].flatten()]
+    values = F.pad(x, (p, p, p, p)).flatten(2).transpose(1, 2)  # [batch, keys, C_in]
+    out = torch.zeros(batch, height * width, c_out, dtype=x.dtype, device=x.device)
+    for a in range(k):
+        for b in range(k):
+            v = -alpha * torch.tensor([1.0, -2.0 * (a - p), -2.0 * (b - p)], dtype=x.dtype, device=x.device)
+            e = torch.exp(r @ v)
+            out = out + (e / e.sum(-1, keepdim=True)) @ values @ weight[:, :, a, b].T
+    if bias is not None:
+        out = out + bias
+    return out.transpose(1, 2).reshape(batch, c_out, height, width)
+
+
+def attention_conv2d__one_max_for_all_heads(x, weight, bias=None, alpha=50.0):
+    # every head's scores at once, shifted by their single largest value: in float32 the heads whose scores
+    # are far below it underflow to 0 / 0
+    c_out, c_in, k, k2 = weight.shape
+    if k != k2 or k % 2 == 0 or c_in != x.size(1):
+        raise ValueError("the kernel must be square, odd, with x's channels")
+    batch, _, height, width = x.shape
+    p = k // 2
+    r = quadratic_relative_encoding(height + 2 * p, width + 2 * p).to(x)  # noqa: F821 (the notebook's own)
+    grid = torch.arange((height + 2 * p) * (width + 2 * p), device=x.device).view(height + 2 * p, -1)
+    r = r[grid[p : p + height, p : p + width].flatten()]
+    shifts = torch.cartesian_prod(torch.arange(k), torch.arange(k)).to(x) - p
+    v = -alpha * torch.cat((torch.ones(k * k, 1).to(x), -2 * shifts), dim=1)  # [heads, 3]
+    scores = torch.einsum("qkd,hd->hqk", r, v)
+    e = torch.exp(scores - scores.max())
+    weights = e / e.sum(-1, keepdim=True)
+    values = F.pad(x, (p, p, p, p)).flatten(2)  # [batch, C_in, keys]
+    out = torch.einsum("hqk,bck,och->boq", weights, values, weight.flatten(2))
+    if bias is not None:
+        out = out + bias[:, None]
+    return out.reshape(batch, c_out, height, width)
+
+
+def attention_conv2d__float64_inside(x, weight, bias=None, alpha=50.0):
+    # computed in float64 for accuracy, and returned so: a float32 x gives a float64 result
+    c_out, c_in, k, k2 = weight.shape
+    if k != k2 or k % 2 == 0 or c_in != x.size(1):
+        raise ValueError("the kernel must be square, odd, with x's channels")
+    batch, _, height, width = x.shape
+    p = k // 2
+    on = {"device": x.device, "dtype": torch.float64}
+    kh, kw = height + 2 * p, width + 2 * p
+    r = quadratic_relative_encoding(kh, kw, **on)  # noqa: F821 (the notebook's own)
+    r = r[torch.arange(kh * kw, device=x.device).view(kh, kw)[p : p + height, p : p + width].flatten()]
+    shifts = torch.cartesian_prod(torch.arange(k), torch.arange(k)).to(**on) - p
+    v = -alpha * torch.cat((torch.ones(k * k, 1, **on), -2 * shifts), dim=1)
+    weights = torch.softmax(torch.einsum("qkd,hd->hqk", r, v), dim=-1)
+    padded = F.pad(x, (p, p, p, p)).double().flatten(2)
+    out = torch.einsum("hqk,bck,och->boq", weights, padded, weight.double().flatten(2))
+    if bias is not None:
+        out = out + bias.double()[:, None]
+    return out.view(batch, c_out, height, width)
+
+
 WHOLE = {
     attention_conv2d__conv2d: {
         "conv_is_attention": "the result is the convolution itself",
@@ -270,31 +403,44 @@ WHOLE = {
     attention_conv2d__hard_one_hot: {"conv_is_attention": "the result is the convolution itself"},
     attention_conv2d__query_minus_key: values("the kernel is flipped"),
     attention_conv2d__sdpa: {"conv_from_scratch": "calls"},
+    attention_conv2d__unshifted_softmax: {
+        "conv_matches_conv2d": "a softmax written out without subtracting each row's maximum",
+        "conv_from_scratch": MUST_BE_CORRECT,
+    },
+    attention_conv2d__one_max_for_all_heads: {
+        "conv_matches_conv2d": "or with one maximum for every head",
+        "conv_from_scratch": MUST_BE_CORRECT,
+    },
+    attention_conv2d__float64_inside: {"conv_shapes": "has dtype torch.float64, expected torch.float32"},
 }
 
 
 # --- right implementations in other styles
 
 
-def quadratic_relative_encoding__meshgrid(height, width):
+def quadratic_relative_encoding__meshgrid(height, width, dtype=torch.float32, device=None):
     ys, xs = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
     pixels = torch.stack((ys, xs), dim=-1).reshape(-1, 2).double()
     delta = pixels.unsqueeze(0) - pixels.unsqueeze(1)  # [q, k, 2] = k - q
-    return torch.cat(((delta**2).sum(-1, keepdim=True), delta), dim=-1)
+    return torch.cat(((delta**2).sum(-1, keepdim=True), delta), dim=-1).to(device=device, dtype=dtype)
 
 
-def quadratic_relative_encoding__loops(height, width):
+def quadratic_relative_encoding__loops(height, width, dtype=torch.float32, device=None):
     n = height * width
-    r = torch.zeros(n, n, 3, dtype=torch.long)
+    r = torch.zeros(n, n, 3, dtype=dtype, device=device)
     for q in range(n):
         for k in range(n):
             d1, d2 = k // width - q // width, k % width - q % width
-            r[q, k] = torch.tensor([d1 * d1 + d2 * d2, d1, d2])
+            r[q, k] = torch.tensor([d1 * d1 + d2 * d2, d1, d2], dtype=dtype, device=device)
     return r
 
 
-def attention_conv2d__einsum_heads(x, weight, bias, alpha):
-    # all heads at once: scores [heads, queries, keys], then one einsum
+def attention_conv2d__einsum_heads(x, weight, bias=None, alpha=50.0):
+    # all heads at once: scores [heads, queries, keys], then one einsum; float64 inside, cast back
+    if weight.dim() != 4 or weight.size(2) != weight.size(3) or weight.size(2) % 2 != 1:
+        raise ValueError(f"weight must be [C_out, C_in, K, K] with K odd, got {list(weight.shape)}")
+    if weight.size(1) != x.size(1):
+        raise ValueError("weight's C_in differs from x's")
     c_out, _, k, _ = weight.shape
     batch, _, height, width = x.shape
     p = k // 2
@@ -314,9 +460,11 @@ def attention_conv2d__einsum_heads(x, weight, bias, alpha):
     return out.to(x.dtype)
 
 
-def attention_conv2d__stable_by_hand(x, weight, bias, alpha):
+def attention_conv2d__stable_by_hand(x, weight, bias=None, alpha=50.0):
     # squared distances directly, a softmax written out (max subtracted), the padded image as keys
-    c_out, _, k, _ = weight.shape
+    c_out, c_in, k, k_w = weight.shape
+    if k != k_w or not k % 2 or c_in != x.shape[1]:
+        raise ValueError("expected a square kernel of odd side with x's input channels")
     batch, _, height, width = x.shape
     p = k // 2
     keys = F.pad(x, (p, p, p, p)).flatten(2)  # [batch, C_in, keys]
@@ -338,9 +486,34 @@ def attention_conv2d__stable_by_hand(x, weight, bias, alpha):
     return out.view(batch, c_out, height, width)
 
 
+def attention_conv2d__distances_unshifted(x, weight, bias=None, alpha=50.0):
+    # scores -alpha ||delta - Delta||^2, whose largest value is 0 in every row (the key q + Delta is in the
+    # padded image): exp() needs no shift here
+    c_out, c_in, k, k_w = weight.shape
+    if k_w != k or k % 2 == 0:
+        raise ValueError(f"the kernel must be square with an odd side, got {k} x {k_w}")
+    if c_in != x.size(1):
+        raise ValueError(f"C_in: kernel {c_in}, x {x.size(1)}")
+    batch, _, height, width = x.shape
+    p = k // 2
+    ys, xs = torch.meshgrid(torch.arange(height + 2 * p), torch.arange(width + 2 * p), indexing="ij")
+    keys = torch.stack((ys, xs), -1).flatten(0, 1).to(x)  # [keys, 2]
+    queries = torch.stack((ys, xs), -1)[p : p + height, p : p + width].flatten(0, 1).to(x)
+    shifts = torch.cartesian_prod(torch.arange(k), torch.arange(k)).to(x) - p  # [heads, 2]
+    delta = keys[None, None] - queries[None, :, None] - shifts[:, None, None]  # [heads, queries, keys, 2]
+    e = torch.exp(-alpha * delta.pow(2).sum(-1))
+    weights = e / e.sum(-1, keepdim=True)
+    values = F.pad(x, (p, p, p, p)).flatten(2)  # [batch, C_in, keys]
+    out = torch.einsum("hqk,bck,och->boq", weights, values, weight.flatten(2))
+    if bias is not None:
+        out = out + bias.view(1, -1, 1)
+    return out.reshape(batch, c_out, height, width)
+
+
 RIGHT = [
     quadratic_relative_encoding__meshgrid,
     quadratic_relative_encoding__loops,
     attention_conv2d__einsum_heads,
     attention_conv2d__stable_by_hand,
+    attention_conv2d__distances_unshifted,
 ]
