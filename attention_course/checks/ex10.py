@@ -22,7 +22,17 @@ import torch
 from torch import nn
 
 from attention_course.checks import engine
-from attention_course.checks.engine import Check, Driver, Mistake, Part, assert_values, behaviour, fail, randn
+from attention_course.checks.engine import (
+    Check,
+    CheckFailure,
+    Driver,
+    Mistake,
+    Part,
+    assert_values,
+    behaviour,
+    fail,
+    randn,
+)
 
 TEXT = engine.table("""
 new only: append returned only the new keys and values: return everything the layer holds, the old
@@ -49,6 +59,45 @@ last token only: only the last token goes through the model without a cache: wit
     whole sequence so far, positions 0 .. len - 1
 recomputed: with use_cache=True the model still recomputes the keys and values of earlier positions: run
     the prompt once, then only the one new token per step, with the cache
+not none: keys(layer) and values(layer) are None for a layer before its first append (not an empty tensor):
+    start every layer at None
+kv dtype: the cache must hold exactly what was appended, in its dtype and on its device: a buffer made
+    without dtype=key.dtype (torch.zeros defaults to float32) rounds float64 keys
+kv misfit: check that new keys fit the stored ones (batch, n_kv_heads and d_head) and raise RuntimeError
+    otherwise: writing into a preallocated buffer broadcasts a batch of 1 silently, where torch.cat([old,
+    new], dim=2) raises
+kv layer: a layer out of range (layer >= n_layers) must raise IndexError: keep a list of n_layers slots
+    (a dict, or a list that grows, accepts any layer)
+kv n_layers: check n_layers first: raise ValueError if it is below 1
+last layer: length reads another layer than layer 0: after layer 0's append, before the other layers', it
+    already counts the new positions; read layer 0
+every append: length grows with every append, of every layer: it is the number of positions of layer 0, and
+    each forward pass appends the same positions to every layer
+negative: check max_new_tokens first and raise ValueError if it is below 0 (range() of a negative number is
+    empty, so without the check generate returns the prompt as if nothing were wrong)
+sizes: check the sizes first: raise ValueError if block_size, n_blocks, n_kv_heads or d_head is below 1
+    (torch.zeros accepts 0, and a pool of 0 blocks or 0 slots fails only later)
+pool: the pool key_blocks and value_blocks is [n_blocks, n_kv_heads, block_size, d_head], made with the
+    dtype and on the device given (torch.zeros(..., dtype=dtype, device=device))
+overflow: check, before changing anything, that the free blocks cover the new blocks and, when the last
+    block is shared and partly filled, the block that copy on write takes too
+fork exists: fork must refuse a child id that is already a sequence, with ValueError: it would overwrite
+    that sequence's block table without freeing its blocks
+no sequence: a sequence that does not exist (never started, or freed) has no blocks: index it,
+    block_tables[seq_id], which raises KeyError, rather than .get(seq_id, []) or .pop(seq_id, None)
+freed kept: free must forget the sequence entirely (its block table and its length): a freed id can be
+    used again, by a fork or an append that starts a new sequence
+lengths: lengths[seq_id] is the number of positions the sequence holds
+fits: this append fits in the free blocks: count a copy only when the last block is shared (ref_counts > 1)
+    and partly filled (length % block_size != 0), and new blocks only for the positions that the last block
+    cannot take
+stale: the keys and values of an earlier call were used again: the model completed another prompt first,
+    and generate must start every call from an empty cache, a new KVCache(model.n_layers) (not one kept on
+    the model or in a global)
+one more: one token too many: generate adds exactly max_new_tokens tokens (with 0, it returns the prompt
+    alone); run the model inside the loop only, once per new token
+in place: a block that no other sequence holds is written in place: copy on write copies the last block only
+    when another sequence holds it too (ref_counts > 1) and it is partly filled
 """)
 HINTS = engine.hint_table("""
 Sizes of tensors must match except in dimension | stack expects each tensor: the keys are concatenated on
@@ -68,12 +117,88 @@ cache.append returned: the model's cache is your KVCache: check that append conc
 unexpected keyword | positional argument: call the model as model(tokens, positions, mask, cache)
 """)
 
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+KVCache n_layers: kv_cache_append, kv_cache_length_reset; 1 to 4 layers, one never appended to
+KVCache raises ValueError: kv_cache_append; n_layers 0 (visible), -1 and 0 (hidden)
+KVCache.append layer: kv_cache_append; appends interleaved over the layers, each layer its own keys
+KVCache.append key: kv_cache_append, kv_cache_length_reset; [batch, n_kv_heads, new_len, d_head], new_len 1 to
+    6, float64 and float32
+KVCache.append value: kv_cache_append, kv_cache_length_reset; as key, its own values (not the keys)
+KVCache.append returns: kv_cache_append; (keys, values) after every append: the old positions then the new
+    ones, on the length axis, with the dtype and device of what was appended
+KVCache.append raises IndexError: kv_cache_append; layer n_layers (visible), and n_layers + 3 (hidden)
+KVCache.append raises RuntimeError: kv_cache_append; keys of another d_head, a batch of 1 after a batch of 2
+    (which a preallocated buffer broadcasts), another n_kv_heads (hidden)
+KVCache.keys layer: kv_cache_append, kv_cache_length_reset; what the layer holds, None before its first
+    append, every layer after reset() and a forward pass
+KVCache.values layer: kv_cache_append, kv_cache_length_reset; as keys
+KVCache.length int: kv_cache_length_reset; an int: 0 when empty, then layer 0's count after every append to
+    every layer (also between the layers of a forward pass), 0 after reset()
+KVCache.reset every layer: kv_cache_length_reset; every layer holds only what is appended after it
+generate model: generate_without_cache, generate_with_cache, generate_uses_cache; the checks' decoder, called
+    as model(tokens, positions, mask, cache): positions torch.long, a boolean mask [q_len, k_len], None or the
+    learner's KVCache of model.n_layers layers (fewer fail at cache.append)
+generate prompt: generate_without_cache, generate_with_cache, generate_uses_cache; [batch, prompt_len], batch
+    1 to 4, prompt_len 1 (hidden) to 7
+generate max_new_tokens: generate_without_cache, generate_with_cache, generate_uses_cache; 0 (the prompt
+    alone), 1 (hidden), 5 to 20
+generate use_cache: generate_without_cache, generate_with_cache, generate_uses_cache; False (without_cache),
+    True (the others)
+generate returns: generate_without_cache, generate_with_cache, generate_uses_cache; [batch, prompt_len +
+    max_new_tokens]: the prompt, then the new tokens
+generate raises ValueError: generate_without_cache; max_new_tokens -1 and -2 (visible), -1 and -3 (hidden),
+    with and without a cache
+generate greedy: generate_without_cache, generate_with_cache; each step's last logits against one forward pass
+    over the whole sequence (float64, float32), the tokens their argmax
+generate positions and mask: generate_with_cache; positions from cache.length on, the mask aligned
+    bottom-right; the whole sequence so far without a cache (generate_without_cache)
+generate a cache per call: generate_with_cache, generate_uses_cache; the same model completes another prompt
+    first (its keys must not stay)
+generate keeps the keys: generate_uses_cache; the positions through the first layer's key projection counted:
+    the prompt once, then one per new token
+PagedKVCache block_size: paged_gather, paged_fork, paged_free; 1 to 4, appends that span several blocks
+PagedKVCache n_blocks: paged_gather, paged_fork, paged_free; 4 to 12, pools filled exactly (paged_free)
+PagedKVCache n_kv_heads: paged_gather; 2: the pool [n_blocks, n_kv_heads, block_size, d_head]
+PagedKVCache d_head: paged_gather; 3: the pool's shape, as n_kv_heads
+PagedKVCache dtype: paged_gather; the pool's and the gathered keys' and values': float64 (visible), float32
+    and bfloat16 (hidden); the defaults (float32, device None) are not called: every check passes both
+PagedKVCache device: paged_gather; the pool's and the gathered tensors', the keys' device (the checks' device:
+    the CPU where there is no GPU, so that a device ignored shows on a GPU only)
+PagedKVCache raises ValueError: paged_gather; block_size, n_blocks, n_kv_heads, d_head 0 each (visible),
+    negative (hidden)
+PagedKVCache attributes: paged_gather, paged_fork, paged_free; block_tables, lengths, ref_counts and
+    free_blocks after every operation; key_blocks and value_blocks (paged_gather)
+PagedKVCache.append seq_id: paged_gather, paged_fork, paged_free; several sequences interleaved, new ids, ids
+    used again after free
+PagedKVCache.append key: paged_gather, paged_fork, paged_free; [n_kv_heads, new_len, d_head], new_len 1 to 9
+PagedKVCache.append value: paged_gather, paged_fork, paged_free; as key (gathered apart)
+PagedKVCache.append raises RuntimeError: paged_free; too few blocks for the new blocks, for the copy alone,
+    for new blocks and the copy; the cache unchanged (tables, free blocks, counts, lengths); appends that fit
+    exactly (with a copy, into a full shared block) must not raise
+PagedKVCache.append copy on write: paged_fork, paged_free; a shared, partly filled last block only, copied
+    before the write; a block that no other sequence holds any more is written in place
+PagedKVCache.fork shares: paged_fork, paged_free; the parent's blocks, counts + 1, nothing copied, into a
+    freed id too
+PagedKVCache.fork raises KeyError: paged_fork; a parent that does not exist
+PagedKVCache.fork raises ValueError: paged_fork; a child that exists
+PagedKVCache.free forgets: paged_free; blocks back to free_blocks at count 0 only, the length forgotten
+PagedKVCache.free raises KeyError: paged_free; a sequence freed already
+PagedKVCache.gather in order: paged_gather, paged_fork, paged_free; [n_kv_heads, len, d_head] each, exactly
+    what was appended
+PagedKVCache.gather raises KeyError: paged_gather, paged_free; a sequence never started (paged_gather), one
+    freed (paged_free)
+""")
+
 # --- 1. KVCache: appends, length and reset
 
 
-def _kv_appends(cls: Any, *, n_layers: int, layers: list, lengths: list, keys, values) -> Any:
+def _kv_appends(
+    cls: Any, *, n_layers: int, layers: list, lengths: list, keys, values, then_key=None, then_value=None
+) -> Any:
     """Append the pieces of ``keys`` and ``values`` to ``layers`` (the kernel); return what each append
-    returned, then what each layer holds."""
+    returned, then what each layer holds. ``then_key`` and ``then_value``: one more append to the last layer,
+    which must raise (they do not fit)."""
     cache, returned = cls(n_layers), []
     for layer, key, value in zip(layers, keys.split(lengths, 2), values.split(lengths, 2), strict=True):
         result = cache.append(layer, key, value)
@@ -81,12 +206,14 @@ def _kv_appends(cls: Any, *, n_layers: int, layers: list, lengths: list, keys, v
         returned.append(
             tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in result) if tensors else result
         )
+    if then_key is not None:
+        cache.append(layers[-1], then_key, then_value)
     return returned, [(cache.keys(layer), cache.values(layer)) for layer in range(n_layers)]
 
 
 def _kv_length(cls: Any, *, n_layers: int, lengths: list, keys, values) -> Any:
     """Forward passes (a piece appended to every layer), ``reset()`` before the last one (the kernel); return
-    ``length`` at the start and after each step, and what layer 0 holds at the end."""
+    ``length`` at the start, after each append and after reset(), and what each layer holds at the end."""
     cache = cls(n_layers)
     seen = [cache.length]
     for index, (key, value) in enumerate(zip(keys.split(lengths, 2), values.split(lengths, 2), strict=True)):
@@ -95,8 +222,8 @@ def _kv_length(cls: Any, *, n_layers: int, lengths: list, keys, values) -> Any:
             seen.append(cache.length)
         for layer in range(n_layers):
             cache.append(layer, key, value)
-        seen.append(cache.length)
-    return seen, cache.keys(0), cache.values(0)
+            seen.append(cache.length)
+    return seen, [(cache.keys(layer), cache.values(layer)) for layer in range(n_layers)]
 
 
 APPENDS, LENGTH = Driver(_kv_appends), Driver(_kv_length)
@@ -117,20 +244,43 @@ def kv_cache_append(part: Part) -> Iterator[Check]:
     """KVCache(n_layers).append(layer, key, value) adds new positions on the length axis of [batch,
     n_kv_heads, len, d_head] and returns all the keys and values the layer holds; keys(layer) and
     values(layer) give them too, each layer its own."""
-    cases = [((0, 1, 0, 1, 0, 1), (3, 3, 1, 1, 2, 2), torch.float64)]
+    # (layers appended to, lengths, dtype, n_layers): the last layer is never appended to (None) but in one
+    cases = [((0, 1, 0, 1, 0, 1), (3, 3, 1, 1, 2, 2), torch.float64, 3)]
     if part.hidden:
         cases = [
-            ((0, 0, 0), (1, 1, 1), torch.float32),
-            ((2, 0, 1, 2, 0, 1, 2), (4, 4, 4, 1, 1, 1, 3), torch.float64),
+            ((0, 0, 0), (1, 1, 1), torch.float32, 1),
+            ((2, 0, 1, 2, 0, 1, 2), (4, 4, 4, 1, 1, 1, 3), torch.float64, 4),
         ]
-    for index, (layers, lengths, dtype) in enumerate(cases):
+    for index, (layers, lengths, dtype, n_layers) in enumerate(cases):
         arguments = {
-            "n_layers": max(layers) + 1,
+            "n_layers": n_layers,
             "layers": list(layers),
             **_kv_arguments(lengths, 500 + 10 * index, part, dtype),
         }
         call = part.call(**arguments)
         yield Check(call, lambda result, call=call, a=arguments: _judge_appends(str(call), a, result))
+    yield from _kv_errors(part)
+
+
+def _kv_errors(part: Part) -> Iterator[Check]:
+    """The documented errors: n_layers below 1, a layer out of range, new keys that do not fit the stored ones
+    (d_head, a batch of 1 after a batch of 2, which a preallocated buffer would broadcast; n_kv_heads)."""
+    for n_layers in (-1, 0) if part.hidden else (0,):
+        call = part.call(n_layers=n_layers, layers=[0], **_kv_arguments((1,), 580, part))
+        yield engine.raises(call, "ValueError", "if n_layers < 1", TEXT["kv n_layers"])
+    for n_layers, layer in ((2, 2), (1, 4)) if part.hidden else ((2, 2),):
+        call = part.call(n_layers=n_layers, layers=[0, layer], **_kv_arguments((2, 1), 582, part))
+        yield engine.raises(call, "IndexError", f"for layer {layer} of {n_layers} layers", TEXT["kv layer"])
+    # the shape of the keys that do not fit: [batch, n_kv_heads, new_len, d_head], after [2, 3, len, 5]
+    misfits = ((2, 3, 1, 4), (1, 3, 1, 5)) if not part.hidden else ((2, 2, 1, 5), (1, 3, 2, 5), (2, 3, 1, 6))
+    for index, shape in enumerate(misfits):
+        then = {
+            f"then_{name}": randn(shape, seed=590 + 2 * index + i, device=part.device)
+            for i, name in enumerate(("key", "value"))
+        }
+        call = part.call(n_layers=2, layers=[0, 1, 1], **_kv_arguments((2, 2, 1), 584, part), **then)
+        condition = "if the new keys do not fit the stored ones (another batch, n_kv_heads or d_head)"
+        yield engine.raises(call, "RuntimeError", condition, TEXT["kv misfit"])
 
 
 def _judge_appends(call: str, arguments: dict[str, Any], result: Any) -> None:
@@ -143,6 +293,15 @@ def _judge_appends(call: str, arguments: dict[str, Any], result: Any) -> None:
         layer = layers[i] if i < len(layers) else i - len(layers)
         mine = [j for j in range(min(i + 1, len(layers))) if layers[j] == layer]  # the pieces the layer holds
         appended = f"append number {i + 1} (to layer {layer})"
+        if not mine:  # a layer never appended to
+            if got[0] is not None or got[1] is not None:
+                shown = ", ".join(engine.describe(t) for t in got)
+                fail(
+                    f"keys({layer}) and values({layer}) in {call} are ({shown}), expected None: nothing was "
+                    f"appended to layer {layer}.",
+                    TEXT["not none"],
+                )
+            continue
         if not isinstance(got, tuple | list) or len(got) != 2:
             fail(f"{appended} in {call} returned {engine.describe(got)}, expected (keys, values).")
         for k, name in enumerate(("keys", "values")):
@@ -166,6 +325,12 @@ def _compare(got: Any, expected: torch.Tensor, where: str, wrong: list[tuple[str
             shapes.setdefault(tuple(result.shape), hint)
     mistakes = lambda: (Mistake(hint, result) for hint, result in wrong)  # noqa: E731
     assert_values(got, expected, where, hints=shapes, mistakes=mistakes)
+    if got.dtype != expected.dtype or got.device != expected.device:
+        fail(
+            f"{where} is {engine.describe(got)}, where the keys and values appended are "
+            f"{engine.describe(expected)}.",
+            TEXT["kv dtype"],
+        )
 
 
 @behaviour(function="KVCache", points=1, hints=HINTS, driver=LENGTH)
@@ -179,25 +344,52 @@ def kv_cache_length_reset(part: Part) -> Iterator[Check]:
         yield Check(call, lambda result, call=call, a=arguments: _judge_length(str(call), a, result))
 
 
+def _lengths(lengths: list[int], n_layers: int, row: str = "") -> list[int]:
+    """``length`` at the start, after each append (``n_layers`` per forward pass) and after the reset before
+    the last pass, as a right cache or a mistake (``row``) counts it (check code)."""
+    seen, layer_0, counter = [0], 0, 0
+    for index, n in enumerate(lengths):
+        if index == len(lengths) - 1 and row != "not reset":
+            layer_0 = counter = 0
+        if index == len(lengths) - 1:
+            seen.append(counter if row == "every append" else layer_0)
+        before, layer_0 = layer_0, layer_0 + n
+        for layer in range(n_layers):
+            counter += n
+            last = layer == n_layers - 1
+            seen.append(
+                {"every append": counter, "last layer": layer_0 if last else before}.get(row, layer_0)
+            )
+    return seen
+
+
 def _judge_length(call: str, arguments: dict[str, Any], result: Any) -> None:
-    lengths = arguments["lengths"]
-    expected = [0, *itertools.accumulate(lengths[:-1]), 0, lengths[-1]]
-    seen, keys, values = result
+    lengths, n_layers = arguments["lengths"], arguments["n_layers"]
+    expected = _lengths(lengths, n_layers)
+    seen, held = result
     if seen != expected:
-        cause = TEXT["not reset"] if seen[:-2] == expected[:-2] else ""
+        cause = next(
+            (
+                TEXT[row]
+                for row in ("not reset", "last layer", "every append")
+                if seen == _lengths(lengths, n_layers, row)
+            ),
+            "",
+        )
         if not all(isinstance(length, int) for length in seen):
             cause = "length must be an int: keep it a property (@property), as the task has it"
         shown = [length if isinstance(length, int) else engine.describe(length) for length in seen]
         fail(
-            f"cache.length in {call} was {shown} (at the start, after each forward pass, after reset(), "
-            f"after one more pass), expected {expected}.",
+            f"cache.length in {call} was {shown} (at the start, after each append to each of the {n_layers} "
+            f"layers, after reset() before the last forward pass), expected {expected}.",
             cause,
         )
-    where = f"layer 0 after reset() and one more forward pass in {call}"
-    for name, other, got in (("keys", "values", keys), ("values", "keys", values)):
-        everything, last = arguments[name], slice(-lengths[-1], None)
-        wrong = [(TEXT["not reset"], everything), (TEXT["swapped"], arguments[other][:, :, last])]
-        _compare(got, everything[:, :, last], f"the {name} of {where}", wrong)
+    for layer, (keys, values) in enumerate(held):
+        where = f"layer {layer} after reset() and one more forward pass in {call}"
+        for name, other, got in (("keys", "values", keys), ("values", "keys", values)):
+            everything, last = arguments[name], slice(-lengths[-1], None)
+            wrong = [(TEXT["not reset"], everything), (TEXT["swapped"], arguments[other][:, :, last])]
+            _compare(got, everything[:, :, last], f"the {name} of {where}", wrong)
 
 
 # --- 2. generate, on a decoder of the checks
@@ -282,10 +474,14 @@ def _cached(result: Any, new: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tens
     return result[0], result[1]
 
 
-def _generate(fn: Any, *, weights, prompt, max_new_tokens, use_cache) -> Any:
+def _generate(fn: Any, *, weights, prompt, max_new_tokens, use_cache, before=None) -> Any:
     """The learner's ``generate`` on the checks' decoder (the kernel): the tokens, the last logits of each
-    call ``[batch, calls, vocab]``, and the positions that went through layer 0's key projection."""
+    call ``[batch, calls, vocab]``, and the positions that went through layer 0's key projection. ``before``:
+    a prompt that the same model completes first (3 tokens), whose keys and values must not stay."""
     model = Decoder(weights)
+    if before is not None:
+        fn(model, before, 3, use_cache=use_cache)
+        model.step_logits, model.key_positions = [], 0
     tokens = fn(model, prompt, max_new_tokens, use_cache=use_cache)
     steps = model.step_logits
     if len({step.shape for step in steps}) <= 1:  # the same batch at every call: [batch, calls, vocab]
@@ -378,11 +574,30 @@ def _logits(arguments: dict[str, Any], tokens: torch.Tensor, dtype=torch.float64
     return logits[:, start:].double()  # position t predicts token t + 1
 
 
-def _judge_generate(part: Part, call: Any, arguments: dict[str, Any], result: Any, cost: bool) -> None:
+# the answers of the generate cells' cases, computed once per process: the three cells share their cases, and
+# every submission's judge needs them (a plan's arguments are a function of the key)
+ANSWERS: dict[tuple, tuple[torch.Tensor, torch.Tensor, float]] = {}
+
+
+def _answer(part: Part, arguments: dict[str, Any], key: tuple) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """:func:`_expected`, and the error of one forward pass in the weights' dtype (the tolerance), cached."""
+    if key not in ANSWERS:
+        tokens, steps = _expected(part, arguments)
+        naive = (_logits(arguments, tokens, arguments["weights"].dtype) - steps).abs()
+        ANSWERS[key] = tokens, steps, naive.max().item() if naive.numel() else 0.0
+    return ANSWERS[key]
+
+
+def _judge_generate(
+    part: Part, call: Any, arguments: dict[str, Any], result: Any, cost: bool, key: tuple
+) -> None:
     tokens, steps, key_positions = result
     prompt, n, use_cache = arguments["prompt"], arguments["max_new_tokens"], arguments["use_cache"]
-    right_tokens, right_steps = _expected(part, arguments)
-    engine.assert_shape(tokens, f"the result of {call}", right_tokens.shape)
+    right_tokens, right_steps, naive = _answer(part, arguments, key)
+    batch, length = right_tokens.shape
+    engine.assert_shape(
+        tokens, f"the result of {call}", right_tokens.shape, {(batch, length + 1): TEXT["one more"]}
+    )
     if not isinstance(steps, torch.Tensor):
         fail(f"{call} called the model with batches of different sizes: run the whole batch at every step.")
     if steps.size(1) < n:
@@ -398,14 +613,17 @@ def _judge_generate(part: Part, call: Any, arguments: dict[str, Any], result: An
                 continue
 
     dtype, where = arguments["weights"].dtype, f"the last position's logits at each step of {call}"
+    stale = TEXT["stale"] if "before" in arguments else ""  # the same model completed another prompt first
     if not cost:  # the tolerance of dtype, or four times the error of the checks' own decoding in it
-        naive = (_logits(arguments, right_tokens, dtype) - right_steps).abs()
-        naive = naive.max().item() if naive.numel() else 0.0
-        assert_values(steps[:, :n], right_steps, where, dtype=dtype, naive_error=naive, mistakes=mistakes)
+        try:
+            assert_values(steps[:, :n], right_steps, where, dtype=dtype, naive_error=naive, mistakes=mistakes)
+        except CheckFailure as failure:
+            failure.cause = failure.cause or stale
+            raise
     if not torch.equal(tokens.cpu(), right_tokens.cpu()):
         first = int((tokens.cpu() != right_tokens.cpu()).any(0).nonzero()[0]) - prompt.size(1)
         prefix = "generate must give the right tokens before its use of the cache counts: " if cost else ""
-        fail(f"{prefix}the tokens of {call} differ from greedy decoding from new token {first} on.")
+        fail(f"{prefix}the tokens of {call} differ from greedy decoding from new token {first} on.", stale)
     if cost and key_positions > prompt.size(1) + n:
         fail(
             f"with use_cache=True, {key_positions} positions went through the first layer's key projection "
@@ -414,8 +632,27 @@ def _judge_generate(part: Part, call: Any, arguments: dict[str, Any], result: An
         )
 
 
+def _generate_arguments(
+    part: Part, seed: int, batch: int, prompt_len: int, new: int, dtype: torch.dtype, use_cache: bool
+) -> dict[str, Any]:
+    """The decoder's weights (flat, of ``dtype``), a prompt ``[batch, prompt_len]``, and the options."""
+    weights = [
+        randn(shape, seed=seed + i, device=part.device, dtype=dtype).flatten()
+        for i, shape in enumerate(SHAPES.values())
+    ]
+    scales = [1.0 if name in ("embedding", "position") else 1.5 / math.sqrt(D_MODEL) for name in SHAPES]
+    prompt = torch.randint(0, VOCAB, (batch, prompt_len), generator=engine.seeded_generator(seed + 99))
+    return {
+        "weights": torch.cat([w * s for w, s in zip(weights, scales, strict=True)]),
+        "prompt": prompt.to(part.device),
+        "max_new_tokens": new,
+        "use_cache": use_cache,
+    }
+
+
 def _generate_checks(part: Part, use_cache: bool, cost: bool = False) -> Iterator[Check]:
-    cases = ((3, 4, 20, torch.float64), (2, 3, 8, torch.float32))  # (batch, prompt_len, new tokens, dtype)
+    # (batch, prompt_len, new tokens, dtype); no new token at all (the prompt alone) too
+    cases = ((3, 4, 20, torch.float64), (2, 3, 8, torch.float32), (2, 3, 0, torch.float64))
     if part.hidden:
         cases = (
             (1, 1, 12, torch.float64),
@@ -425,21 +662,19 @@ def _generate_checks(part: Part, use_cache: bool, cost: bool = False) -> Iterato
         )
     for index, (batch, prompt_len, new, dtype) in enumerate(cases):
         seed = (600 if not part.hidden else 640) + 10 * index
-        weights = [
-            randn(shape, seed=seed + i, device=part.device, dtype=dtype).flatten()
-            for i, shape in enumerate(SHAPES.values())
-        ]
-        scales = [1.0 if name in ("embedding", "position") else 1.5 / math.sqrt(D_MODEL) for name in SHAPES]
-        prompt = torch.randint(0, VOCAB, (batch, prompt_len), generator=engine.seeded_generator(seed + 99))
-        arguments = {
-            "weights": torch.cat([w * s for w, s in zip(weights, scales, strict=True)]),
-            "prompt": prompt.to(part.device),
-            "max_new_tokens": new,
-            "use_cache": use_cache,
-        }
-        call = part.call(**arguments)
+        arguments = _generate_arguments(part, seed, batch, prompt_len, new, dtype, use_cache)
+        label = ""
+        if index == 1:  # the model completes another prompt first: nothing of it may stay in a cache
+            generator = engine.seeded_generator(seed + 98)
+            arguments["before"] = torch.randint(0, VOCAB, (batch, 5), generator=generator).to(part.device)
+            label = " (after the same model completed another prompt)"
+        call = part.call(label, **arguments)
+        key = (part.hidden, id(part.reference), seed, batch, prompt_len, new, str(dtype), str(part.device))
         yield Check(
-            call, lambda result, call=call, a=arguments: _judge_generate(part, str(call), a, result, cost)
+            call,
+            lambda result, call=call, a=arguments, key=key: _judge_generate(
+                part, str(call), a, result, cost, key
+            ),
         )
 
 
@@ -449,6 +684,10 @@ def generate_without_cache(part: Part) -> Iterator[Check]:
     each step (positions 0 .. len - 1, a causal mask): its tokens and each step's logits are those of the
     whole sequence."""
     yield from _generate_checks(part, use_cache=False)
+    # the documented error, with and without a cache
+    for new, use_cache in ((-1, False), (-3, True)) if part.hidden else ((-1, False), (-2, True)):
+        call = part.call(**_generate_arguments(part, 690, 2, 3, new, torch.float64, use_cache))
+        yield engine.raises(call, "ValueError", "if max_new_tokens < 0", TEXT["negative"])
 
 
 @behaviour(function="generate", points=3, hints=MODEL_HINTS, driver=GENERATE)
@@ -469,13 +708,23 @@ def generate_uses_cache(part: Part) -> Iterator[Check]:
 # --- 3. PagedKVCache: scripts of operations, and the state after each
 
 SLOTS = "Position p of a sequence is in slot p % block_size of block block_tables[seq_id][p // block_size]."
-KINDS = {"a": "append", "x": "overflow", "f": "fork", "g": "gather", "r": "free"}
+# the operations of a script; a capital letter is one that must raise (as must "x", an append that cannot fit)
+KINDS = {
+    "a": "append",
+    "x": "overflow",
+    "f": "fork",
+    "g": "gather",
+    "r": "free",
+    "F": "fork error",
+    "G": "gather error",
+    "R": "free error",
+}
 
 
 def operations(steps: str) -> Iterator[tuple[str, int, int, int]]:
-    """``(kind, seq_id, n, start)`` of each step of ``"a0:5 f0:2 g2 x0:4 r0"``: append 5 positions (from
+    """``(kind, seq_id, n, start)`` of each step of ``"a0:5 f0:2 g2 x0:4 r0 G0"``: append 5 positions (from
     ``start`` in the keys and values) to sequence 0, fork it into 2, gather 2, an append of 4 that cannot fit,
-    free 0 (``n`` is the child of a fork)."""
+    free 0, a gather of 0 that must raise (``n`` is the child of a fork)."""
     start = 0
     for step in steps.split():
         seq, _, n = step[1:].partition(":")
@@ -483,36 +732,59 @@ def operations(steps: str) -> Iterator[tuple[str, int, int, int]]:
         start += int(n or 0) if step[0] in "ax" else 0
 
 
-def _paged(cls: Any, *, block_size: int, n_blocks: int, steps: str, keys, values) -> Any:
-    """Run ``steps`` (the kernel): after each operation, what it returned and the cache's state."""
-    cache = cls(block_size, n_blocks, keys.size(0), keys.size(2), dtype=keys.dtype, device=keys.device)
+def _pool(tensor: Any) -> Any:
+    """``(dtype, shape, device)`` of a pool tensor, as text (None if it is not a tensor)."""
+    return (
+        (str(tensor.dtype), list(tensor.shape), str(tensor.device))
+        if isinstance(tensor, torch.Tensor)
+        else None
+    )
+
+
+def _paged(
+    cls: Any, *, block_size: int, n_blocks: int, steps: str, keys, values, n_kv_heads=None, d_head=None
+) -> Any:
+    """Run ``steps`` (the kernel): the pool's format, then after each operation what it returned and the
+    cache's state (``n_kv_heads`` and ``d_head``: those of the keys, unless given)."""
+    heads = keys.size(0) if n_kv_heads is None else n_kv_heads
+    width = keys.size(2) if d_head is None else d_head
+    cache = cls(block_size, n_blocks, heads, width, dtype=keys.dtype, device=keys.device)
+    pool = [_pool(getattr(cache, name, None)) for name in ("key_blocks", "value_blocks")]
     results = []
     for kind, seq, n, start in operations(steps):
         out, new = None, (keys[:, start : start + n], values[:, start : start + n])
+        must_raise = kind == "overflow" or kind.endswith("error")
         try:
             if kind in ("append", "overflow"):
                 cache.append(seq, *new)
-                out = "no exception" if kind == "overflow" else None
-            elif kind == "gather":
+            elif kind.startswith("gather"):
                 out = tuple(t.clone() for t in cache.gather(seq))
-            elif kind == "fork":
+            elif kind.startswith("fork"):
                 cache.fork(seq, n)
             else:
                 cache.free(seq)
+            out = "no exception" if must_raise else out
         except NotImplementedError:
             raise
         except Exception as error:  # the learner's code may raise anything: the judge says which operation
             out = f"{type(error).__name__}: {error}"
-            if kind != "overflow":
-                results.append((out, None, None, None))
+            if not must_raise:
+                results.append((out, None, None, None, None))
                 break
         held = sorted(
             (int(s), [int(b) for b in table]) for s, table in cache.block_tables.items() if len(table)
         )
+        lengths = sorted((int(s), int(n)) for s, n in cache.lengths.items() if int(n))
         results.append(
-            (out, held, sorted(int(b) for b in cache.free_blocks), [int(c) for c in cache.ref_counts])
+            (
+                out,
+                held,
+                sorted(int(b) for b in cache.free_blocks),
+                [int(c) for c in cache.ref_counts],
+                lengths,
+            )
         )
-    return results
+    return pool, results
 
 
 PAGED = Driver(_paged)
@@ -540,7 +812,11 @@ def _expected_tables(steps: str, block_size: int) -> Iterator[dict[int, list[tup
         yield {s: list(t) for s, t in tables.items()}
 
 
-def _judge_state(where: str, tables: list, free: list, refs: list, expected: dict, n_blocks: int) -> None:
+def _judge_state(
+    where: str, tables: list, free: list, refs: list, expected: dict, n_blocks: int, owners: dict
+) -> None:
+    """The block tables, free blocks and reference counts after an operation, against the expected labels;
+    ``owners`` maps each label to its block across the script (a block keeps its id until it is freed)."""
     held = dict(tables)
     if sorted(held) != sorted(expected):
         fail(f"after {where} the cache holds sequences {sorted(held)}, expected {sorted(expected)}.")
@@ -595,12 +871,49 @@ def _judge_state(where: str, tables: list, free: list, refs: list, expected: dic
             "fork adds one to the count of each block it shares, free subtracts one, and copy on write "
             "moves one",
         )
+    for seq, table in held.items():
+        for index, (block, label) in enumerate(zip(table, expected[seq], strict=True)):
+            if owners.setdefault(label, block) != block:
+                fail(
+                    f"after {where} block {index} of sequence {seq} is block {block}; it was block "
+                    f"{owners[label]}, which no other sequence held when it was written.",
+                    TEXT["in place"],
+                )
 
 
-def _judge_paged(call: str, arguments: dict[str, Any], result: Any) -> None:
+def _error_expected(kind: str, seq: int, child: int, live: dict) -> tuple[str, str, str]:
+    """The exception that an operation ``kind`` must raise: ``(type, condition, likely cause)``."""
+    if kind == "fork error" and child in live:
+        return "ValueError", f"since sequence {child} exists", TEXT["fork exists"]
+    owner = "parent " if kind == "fork error" else ""
+    return "KeyError", f"since there is no {owner}sequence {seq}", TEXT["no sequence"]
+
+
+def _judge_pool(call: str, arguments: dict[str, Any], pool: list) -> None:
+    """The pool: ``[n_blocks, n_kv_heads, block_size, d_head]`` each, of the keys' dtype, on their device."""
+    keys = arguments["keys"]
+    shape = [arguments["n_blocks"], keys.size(0), arguments["block_size"], keys.size(2)]
+    for name, found in zip(("key_blocks", "value_blocks"), pool, strict=True):
+        if found is None:
+            fail(f"{call}: the cache has no tensor {name}, the pool.", TEXT["pool"])
+        dtype, got, device = found
+        if got != shape:
+            fail(f"{name} in {call} has shape {got}, expected {shape}.", TEXT["pool"])
+        if dtype != str(keys.dtype) or device != str(keys.device):
+            fail(
+                f"{name} in {call} is {dtype} on {device}, but the cache was made with dtype={keys.dtype}, "
+                f"device={keys.device}.",
+                TEXT["pool"],
+            )
+
+
+def _judge_paged(call: str, arguments: dict[str, Any], result: Any, formats: bool = False) -> None:
     steps, keys, values = arguments["steps"], arguments["keys"], arguments["values"]
+    pool, result = result
+    if formats:
+        _judge_pool(call, arguments, pool)
     appended: dict[int, list[int]] = {}  # the positions of the keys and values each sequence holds
-    previous = None
+    previous, owners = None, {}
     states = _expected_tables(steps, arguments["block_size"])
     for number, ((kind, seq, n, start), state, expected) in enumerate(
         zip(operations(steps), result, states, strict=False)  # the kernel stops at an operation that raises
@@ -609,11 +922,13 @@ def _judge_paged(call: str, arguments: dict[str, Any], result: Any) -> None:
         where = f"operation {number + 1} ({steps.split()[number]}: {kind} {seq}) of {call}"
         if now[0] is None:
             text = f"{where} raised {out}"
-            fail(text, engine.hint_for(out, HINTS), got=out, raised=True)
+            fits = kind == "append" and out.startswith("RuntimeError")
+            fail(text, TEXT["fits"] if fits else engine.hint_for(out, HINTS), got=out, raised=True)
         if kind == "overflow":
             if not out.startswith("RuntimeError"):
                 fail(
-                    f"{where} needs more blocks than are free: it should raise RuntimeError, but gave {out}."
+                    f"{where} needs more blocks than are free: it should raise RuntimeError, but gave {out}.",
+                    TEXT["overflow"],
                 )
             if now != previous:
                 fail(
@@ -621,25 +936,50 @@ def _judge_paged(call: str, arguments: dict[str, Any], result: Any) -> None:
                     "check that enough blocks are free before changing anything",
                 )
             continue
+        if kind.endswith("error"):
+            error, condition, cause = _error_expected(kind, seq, n, appended)
+            if not out.startswith(f"{error}:"):
+                fail(
+                    f"{where} should raise {error} {condition}, as its docstring says, but gave {out}.", cause
+                )
+            previous = now
+            continue
         if kind == "append":
             appended.setdefault(seq, []).extend(range(start, start + n))
         elif kind == "fork":
             appended[n] = list(appended[seq])
         elif kind == "free":
             del appended[seq]
-        _judge_state(where, *now, expected, arguments["n_blocks"])
-        for k, name in enumerate(("keys", "values") if kind == "gather" else ()):
-            right = (keys, values)[k][:, appended[seq]]
-            assert_values(
-                out[k], right, f"the {name} gathered by {where}, [n_kv_heads, len, d_head]", note=SLOTS
+        _judge_state(where, *now[:3], expected, arguments["n_blocks"], owners)
+        lengths = sorted((s, len(positions)) for s, positions in appended.items() if positions)
+        if now[3] != lengths:
+            freed = sorted({s for s, _ in now[3]} - set(appended))
+            fail(
+                f"after {where} lengths is {dict(now[3])}, expected {dict(lengths)}.",
+                TEXT["freed kept" if freed else "lengths"],
             )
+        for k, name in enumerate(("keys", "values") if kind == "gather" else ()):
+            right, where_k = (keys, values)[k][:, appended[seq]], f"the {name} gathered by {where}"
+            if formats:
+                engine.assert_format(out[k], where_k, right.shape, right.dtype, right.device)
+            assert_values(out[k], right, f"{where_k}, [n_kv_heads, len, d_head]", note=SLOTS)
         previous = now
 
 
-def _paged_checks(part: Part, cases: list[tuple[int, int, str]], seed: int) -> Iterator[Check]:
-    for index, (block_size, n_blocks, steps) in enumerate(cases):
+def _paged_checks(part: Part, cases: list[tuple], seed: int, formats: bool = False) -> Iterator[Check]:
+    """A check per case ``(block_size, n_blocks, steps)`` or ``(..., dtype)``: the keys and values float64
+    unless said."""
+    for index, (block_size, n_blocks, steps, *dtype) in enumerate(cases):
         total = sum(n for kind, _, n, _ in operations(steps) if kind in ("append", "overflow"))
-        keys, values = (randn((2, total, 3), seed=seed + 10 * index + i, device=part.device) for i in (0, 1))
+        keys, values = (
+            randn(
+                (2, total, 3),
+                seed=seed + 10 * index + i,
+                device=part.device,
+                dtype=(*dtype, torch.float64)[0],
+            )
+            for i in (0, 1)
+        )
         arguments = {
             "block_size": block_size,
             "n_blocks": n_blocks,
@@ -648,7 +988,26 @@ def _paged_checks(part: Part, cases: list[tuple[int, int, str]], seed: int) -> I
             "values": values,
         }
         call = part.call(**arguments)
-        yield Check(call, lambda result, call=call, a=arguments: _judge_paged(str(call), a, result))
+        yield Check(call, lambda result, call=call, a=arguments: _judge_paged(str(call), a, result, formats))
+
+
+def _size_errors(part: Part) -> Iterator[Check]:
+    """A size below 1 raises ValueError: each of block_size, n_blocks, n_kv_heads, d_head."""
+    cases = ((0, 4, 2, 3), (2, 0, 2, 3), (2, 4, 0, 3), (2, 4, 2, 0))
+    if part.hidden:
+        cases = ((-1, 4, 2, 3), (3, -2, 1, 1), (1, 1, -1, 2), (4, 2, 3, -3))
+    for block_size, n_blocks, n_kv_heads, d_head in cases:
+        empty = randn((2, 0, 3), seed=0, device=part.device)
+        call = part.call(
+            block_size=block_size,
+            n_blocks=n_blocks,
+            steps="",
+            keys=empty,
+            values=empty,
+            n_kv_heads=n_kv_heads,
+            d_head=d_head,
+        )
+        yield engine.raises(call, "ValueError", "if a size is below 1", TEXT["sizes"])
 
 
 @behaviour(function="PagedKVCache", points=2, hints=HINTS, driver=PAGED)
@@ -656,21 +1015,27 @@ def paged_gather(part: Part) -> Iterator[Check]:
     """After interleaved appends to several sequences, gather(seq_id) returns each one's keys and values in
     order, as a contiguous cache would; each sequence holds ceil(len / block_size) blocks, and a block belongs
     to one sequence."""
-    cases = [(4, 12, "a0:5 a1:3 a0:1 a2:4 a1:2 a0:2 g0 a2:1 a1:3 g1 g2 g0")]
+    # the pool's format and the gathered tensors' are checked here: float64 (visible), float32 and bfloat16
+    cases = [(4, 12, "a0:5 a1:3 a0:1 a2:4 a1:2 a0:2 g0 a2:1 a1:3 g1 g2 g0 G7")]
     if part.hidden:
-        cases = [(1, 9, "a0:2 a1:1 a0:1 a1:3 g0 g1 a2:2 g2"), (3, 10, "a3:7 a1:1 a3:2 a1:5 g3 g1 a0:3 g0 g1")]
-    yield from _paged_checks(part, cases, seed=700)
+        cases = [
+            (1, 9, "a0:2 a1:1 a0:1 a1:3 g0 g1 a2:2 g2 G5", torch.float32),
+            (3, 10, "a3:7 a1:1 a3:2 a1:5 g3 g1 a0:3 g0 g1 G2", torch.bfloat16),
+        ]
+    yield from _paged_checks(part, cases, seed=700, formats=True)
+    yield from _size_errors(part)
 
 
 @behaviour(function="PagedKVCache", points=2, hints=HINTS, driver=PAGED)
 def paged_fork(part: Part) -> Iterator[Check]:
     """fork(parent, child) shares the parent's blocks (reference counts, no copy); a later write into a
     shared, partly filled block copies it first (copy on write), so the other sequence does not change."""
-    cases = [(4, 10, "a0:6 f0:1 g1 a1:1 g0 g1 a0:1 g0 a2:8 f2:3 a3:2 g2 g3")]
+    # then a fork into an existing sequence (ValueError) and from a sequence that does not exist (KeyError)
+    cases = [(4, 10, "a0:6 f0:1 g1 a1:1 g0 g1 a0:1 g0 a2:8 f2:3 a3:2 g2 g3 F0:2 F9:4")]
     if part.hidden:
         cases = [
-            (3, 12, "a0:4 f0:1 f0:2 a0:1 a2:3 g0 g1 g2"),
-            (2, 8, "a5:3 f5:6 a6:1 a5:2 f6:7 a7:1 g5 g6 g7"),
+            (3, 12, "a0:4 f0:1 f0:2 a0:1 a2:3 g0 g1 g2 F1:0 F3:4"),
+            (2, 8, "a5:3 f5:6 a6:1 a5:2 f6:7 a7:1 g5 g6 g7 F4:8 F7:6"),
         ]
     yield from _paged_checks(part, cases, seed=760)
 
@@ -680,10 +1045,18 @@ def paged_free(part: Part) -> Iterator[Check]:
     """free(seq_id) returns every block that no other sequence holds (no leak, no freed block still
     referenced), and an append that needs more blocks than are free raises RuntimeError and changes
     nothing."""
-    cases = [(2, 8, "a0:5 f0:1 a1:2 r0 g1 r1 a2:9 a3:4 x3:3 g3 g2 r2 r3")]
+    # the second script fills the pool: appends that do not fit because of the copy that copy on write needs
+    # (alone, or besides new blocks), appends that fit exactly (with a copy; into a full shared block), an
+    # append in place into a block that was shared, a gather and a free of a freed sequence (KeyError), and
+    # freed ids used again
+    cases = [
+        (2, 8, "a0:5 f0:1 a1:2 r0 g1 r1 a2:9 a3:4 x3:3 g3 g2 r2 r3"),
+        (2, 4, "a0:3 f0:1 a2:3 x1:1 r2 x1:5 a1:3 g1 g0 r1 a0:1 g0 f0:1 a1:4 g1 r0 G0 R0 r1 a0:2 g0"),
+    ]
     if part.hidden:
         cases = [
             (3, 6, "a0:7 f0:1 f1:2 r1 g2 r0 a1:8 x1:3 x4:1 g1 r2 r1"),
             (1, 4, "a0:2 a1:2 x0:1 r1 a0:1 g0 r0"),
+            (3, 5, "a0:4 f0:1 f0:2 a3:7 x2:1 r3 x1:9 a1:8 g1 g0 g2 r1 a2:2 a0:2 g0 g2 R1 G1 r2 r0 a1:3 g1"),
         ]
     yield from _paged_checks(part, cases, seed=820)

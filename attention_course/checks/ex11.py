@@ -95,8 +95,37 @@ output q_len k_len: the result has one column per key: return the output, the we
 output q_len d_k: the output has the width of the values (d_v), not of the keys
 max q_len 1: the max is [..., q_len], without a trailing axis of 1 (keepdim=False)
 sum q_len 1: the sum is [..., q_len], without a trailing axis of 1 (keepdim=False)
+shift clamped: the shift is clamped at 0 (max(m, 0)): where every score of a query is far below 0, exp(score -
+    0) underflows to 0 and the query's weights are lost; shift by the max itself, and use 0 only where the max
+    is -inf
+max from 0: the running max starts at 0 instead of -inf (or the shift is clamped at 0): where every score of a
+    query is far below 0, exp(score - 0) underflows to 0 and the query's weights are lost; start the max at
+    -inf and shift by the true max, using 0 only where it is -inf
+half sentinel: the value put in place of a max of -inf must be finite in the inputs' dtype: -1e30 (or
+    torch.finfo(torch.float32).min) is -inf in float16, whose largest magnitude is 65504, and exp(-inf -
+    (-inf)) is NaN; shift by 0 there
+half eps: in float16 a small number added to the sum (1e-30, 1e-12) rounds to 0 (the smallest positive
+    float16 is 6e-8), so 0/0 is NaN still
+broadcast: the two states' leading axes broadcast ([2, 3, q_len] with [3, q_len]): use element-wise
+    operations (torch.maximum, *, +), or torch.broadcast_tensors before torch.stack
+block size: check block_size first and raise ValueError if it is below 1 (with a negative step, range() is
+    empty and no key is ever seen)
+shapes: check the shapes first: raise ValueError when query and key differ in d_k (query.size(-1) !=
+    key.size(-1)) or key and value in k_len (key.size(-2) != value.size(-2)); slicing value by blocks of keys
+    silently ignores its extra positions
+mask type: check the mask's dtype first and raise TypeError unless it is torch.bool: a mask of 0/1 integers or
+    floats is not boolean (~ of an integer is not logical not, and masked_fill refuses it)
+squeezed: an axis of size 1 (one query, one key, a leading axis of 1) was lost: squeeze() without an axis
+    removes every axis of size 1; use squeeze(-1), or amax(dim=-1) without keepdim
+one column: a mask of one key column, [..., q_len, 1], broadcasts over every key: expand it to the keys first,
+    mask.expand(*mask.shape[:-1], k_len), since mask[..., start:stop] of a single column is empty past start 0
 """)
 HINTS = family.exception_hints("""
+size of tensor a (0) | size of tensor b (0): a block of the mask is empty: a mask of one key column ([...,
+    q_len, 1], which broadcasts over every key) has nothing at mask[..., start:stop] past start 0: expand it
+    to k_len keys first, mask.expand(*mask.shape[:-1], k_len)
+stack expects each tensor to be equal size: the two states' leading axes broadcast ([2, 3, q_len] with [3,
+    q_len]): use element-wise operations (torch.maximum), or torch.broadcast_tensors before torch.stack
 too many indices | IndexError: a mask may have fewer axes than the scores ([q_len, k_len], [batch, 1, 1,
     k_len]): slice it along its last axis, mask[..., start:stop]
 NoneType: mask may be None (no mask at all): handle it with `if mask is not None:`
@@ -105,6 +134,56 @@ must match the size of tensor | The size of tensor a: shapes do not line up: the
     multiplies the output; a mask is sliced along its last (key) axis, mask[..., start:stop]
 """)
 MUST_BE_CORRECT = "tiled_attention must be correct before its memory counts. "
+
+# The learner's docstrings clause by clause, and the behaviours that check each (tests/test_contracts.py).
+CONTRACT = engine.table("""
+online_softmax_merge max_a: merge_two_blocks, merge_empty_states, merge_dtype_and_inputs; [..., q_len] with 2,
+    1 and no leading axes, -inf where no key was seen, all far below 0 (-2000), the larger max in either state
+online_softmax_merge sum_a: merge_two_blocks, merge_empty_states, merge_dtype_and_inputs; [..., q_len], 0
+    where no key was seen
+online_softmax_merge out_a: merge_two_blocks, merge_empty_states, merge_dtype_and_inputs; [..., q_len, d_v],
+    d_v != d_k, 0 where no key was seen, left unchanged
+online_softmax_merge max_b: merge_two_blocks, merge_empty_states, merge_dtype_and_inputs; as max_a, the states
+    swapped too
+online_softmax_merge sum_b: merge_two_blocks, merge_empty_states, merge_dtype_and_inputs; as sum_a
+online_softmax_merge out_b: merge_two_blocks, merge_empty_states, merge_dtype_and_inputs; as out_a
+online_softmax_merge leading axes broadcast: merge_two_blocks; [2, 3, q_len] with [3, q_len] (visible), [2, 3,
+    q_len] with [2, 1, q_len] (hidden)
+online_softmax_merge dtype and device: merge_dtype_and_inputs; float32, float16, bfloat16, float64; the
+    inputs' device (the checks' device: the CPU where there is no GPU)
+online_softmax_merge returns: merge_two_blocks, merge_empty_states, merge_dtype_and_inputs; (max, sum, out) of
+    the inputs' shapes, dtype and device, against a merge worked out by hand and the state of all the keys;
+    the inputs unchanged
+online_softmax_merge state over no key: merge_empty_states; (-inf, 0, 0) changes nothing, two of them give
+    (-inf, 0, 0), never NaN: float64, float32, float16 (visible), float32, bfloat16, float16 (hidden)
+tiled_attention query: tiled_matches_sdpa, tiled_masks, tiled_empty_rows, tiled_dtype_and_inputs,
+    tiled_memory; [..., q_len, d_k] with 2, 1 and no leading axes, q_len 1; float64, float32, float16,
+    bfloat16; on the checks' device (the CPU where there is no GPU)
+tiled_attention key: tiled_matches_sdpa, tiled_masks, tiled_empty_rows, tiled_dtype_and_inputs, tiled_memory;
+    [..., k_len, d_k], k_len 1, k_len != q_len
+tiled_attention value: tiled_matches_sdpa, tiled_masks, tiled_empty_rows, tiled_dtype_and_inputs,
+    tiled_memory; [..., k_len, d_v], d_v != d_k
+tiled_attention block_size: tiled_matches_sdpa, tiled_masks, tiled_empty_rows, tiled_memory; 1, a divisor of
+    k_len or not (a shorter last block), larger than k_len
+tiled_attention mask: tiled_masks, tiled_empty_rows, tiled_dtype_and_inputs, tiled_memory; None, [batch,
+    heads, q_len, k_len], [batch, 1, q_len, k_len], [batch, 1, 1, k_len] (padding keys 1000 times larger),
+    [q_len, k_len], causal bottom-right, [k_len], [batch, 1, q_len, 1] (one key column)
+tiled_attention query allowed no key: tiled_empty_rows; a zero output, never NaN: float64, float32, float16,
+    bfloat16; whole blocks closed to a query
+tiled_attention scores far below 0: tiled_matches_sdpa; every score about -2000 (visible, float64), -5000 and
+    -300 (hidden, float64 and float32): a max started at 0 loses every weight
+tiled_attention returns: tiled_matches_sdpa, tiled_masks, tiled_empty_rows, tiled_dtype_and_inputs; [...,
+    q_len, d_v] equal to F.scaled_dot_product_attention or the formula, in the dtype and on the device of
+    query (tiled_dtype_and_inputs: float32, float16, bfloat16, float64), the inputs unchanged
+tiled_attention precision: tiled_dtype_and_inputs; float16 and bfloat16 within four times the error of the
+    formula in that dtype (computed in float32 or in the inputs' dtype)
+tiled_attention memory: tiled_memory; no floating-point tensor above twice the largest of a block of scores,
+    the inputs and the output; no built-in attention
+tiled_attention raises ValueError: tiled_matches_sdpa; block_size 0 and -2, keys of another d_k, a longer
+    value (visible); block_size -1, 0, -7, another d_k, a shorter and a longer value (hidden)
+tiled_attention raises TypeError: tiled_masks; masks of 0/1 int64 and float32 (visible), uint8, float64 and
+    int32 (hidden)
+""")
 
 
 def _nan_mistake(actual: torch.Tensor, result: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -138,6 +217,8 @@ def _values(
     if bad.any():
         index = tuple(torch.nonzero(bad)[0].tolist())
         cause = next((m.hint for m in rows() if _nan_mistake(actual, m.result, dtype)), "")
+        if dtype == torch.float16 and cause in ("", TEXT["no guard"]):  # -1e30 is -inf in float16
+            cause = f"{TEXT['no guard']}; {TEXT['half sentinel']}"
         fail(
             f"{where} contains NaN or inf ({int(bad.sum())} of {bad.numel()} elements, first at index "
             f"{list(index)}: {a[index].item()}) where the right answer is finite.",
@@ -168,6 +249,7 @@ MERGE_ROWS = (
     "weighted by sums",
     "weighted by sums, guarded",
     "no guard",
+    "shift clamped",
 )
 
 
@@ -183,6 +265,8 @@ def merge(arguments: dict[str, Any], row: str = "") -> tuple[torch.Tensor, ...]:
     max_a, sum_a, out_a, max_b, sum_b, out_b = (arguments[name].double() for name in NAMES)
     top = torch.maximum(max_a, max_b)
     shift = top if row == "no guard" else top.masked_fill(top == -math.inf, 0.0)
+    if row == "shift clamped":
+        shift = top.clamp(min=0.0)
     scale_a, scale_b = torch.exp(max_a - shift), torch.exp(max_b - shift)
     if row == "flipped":
         scale_a, scale_b = torch.exp(shift - max_a), torch.exp(shift - max_b)
@@ -257,12 +341,20 @@ def _merge_answer(part: Part, arguments: dict[str, Any]) -> tuple[torch.Tensor, 
 
 
 def _states(
-    sizes: Sizes, split: int, *, seed: int, device, dtype=torch.float64, mask_kind: str = ""
+    sizes: Sizes,
+    split: int,
+    *,
+    seed: int,
+    device,
+    dtype=torch.float64,
+    mask_kind: str = "",
+    shift: float = 0.0,
 ) -> tuple:
     """``(arguments, whole)``: the states of keys ``[:split]`` and ``[split:]`` of random attention inputs
     (masked with the family's ``mask_kind``), cast to ``dtype``, and the state of all the keys, float64."""
     inputs = family.qkv(sizes, seed=seed, device=device)
     scores = inputs["query"] @ inputs["key"].transpose(-2, -1) / math.sqrt(sizes.d_k)  # [..., q_len, k_len]
+    scores = scores + shift  # far below 0: an exp() shifted by 0 instead of the max underflows
     if mask_kind:
         shape = (*sizes.lead, sizes.q_len, sizes.k_len)
         scores = scores.masked_fill(
@@ -286,6 +378,26 @@ def _by_hand(device: torch.device) -> tuple[dict[str, torch.Tensor], tuple[torch
     return arguments, tuple(torch.tensor(v, dtype=torch.float64) for v in merged)
 
 
+def _broadcast_states(
+    lead_a: tuple[int, ...], lead_b: tuple[int, ...], *, seed: int, device
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """``(arguments, whole)``: the states of 4 queries (leading axes ``lead_b``) over 3 keys (``lead_a``) and
+    over 2 keys (``lead_b``), whose leading axes broadcast, and the state of all 5 keys."""
+    query = engine.randn((*lead_b, 4, 2), seed=seed, device=device)  # [..., q_len 4, d_k 2]
+    key_a, value_a = (
+        engine.randn((*lead_a, 3, n), seed=seed + 1 + i, device=device) for i, n in enumerate((2, 5))
+    )
+    key_b, value_b = (
+        engine.randn((*lead_b, 2, n), seed=seed + 3 + i, device=device) for i, n in enumerate((2, 5))
+    )
+    scores_a, scores_b = (query @ key.transpose(-2, -1) / math.sqrt(2) for key in (key_a, key_b))
+    lead = torch.broadcast_shapes(scores_a.shape[:-1], scores_b.shape[:-1])
+    a, b = block_state(scores_a, value_a), block_state(scores_b, value_b)
+    both = torch.cat((scores_a.expand(*lead, 3), scores_b.expand(*lead, 2)), dim=-1)
+    values = torch.cat((value_a.expand(*lead[:-1], 3, 5), value_b.expand(*lead[:-1], 2, 5)), dim=-2)
+    return dict(zip(NAMES, (*a, *b), strict=True)), block_state(both, values)
+
+
 # the states' sizes: every axis different; 2, 1 and no leading axes; where the keys are split
 STATE_CASES = ((Sizes((2, 3), 5, 7, 4, 6), 3), (Sizes((3,), 6, 9, 8, 5), 1), (Sizes((), 4, 3, 2, 5), 2))
 HIDDEN_STATE_CASES = (
@@ -304,6 +416,11 @@ def merge_two_blocks(part: Part) -> Iterator[Check]:
             dtype = (torch.float64, torch.float32)[case % 2]
             arguments, _ = _states(sizes, split, seed=300 + 10 * case, device=part.device, dtype=dtype)
             yield _merge_check(part, arguments)
+        sizes, split = HIDDEN_STATE_CASES[1]
+        arguments, _ = _states(sizes, split, seed=340, device=part.device, shift=-3000.0)
+        yield _merge_check(part, arguments, label=" whose scores are all far below 0")
+        arguments, _ = _broadcast_states((3,), (2, 1), seed=350, device=part.device)
+        yield _merge_check(part, arguments, label=" whose leading axes broadcast")
         return
     yield _merge_check(part, *_by_hand(part.device), label=" worked out by hand")
     for case, (sizes, split) in enumerate(STATE_CASES):
@@ -314,6 +431,13 @@ def merge_two_blocks(part: Part) -> Iterator[Check]:
                 f"{n}_{side}": arguments[f"{n}_{other}"] for n in STATE for side, other in ("ab", "ba")
             }
             yield _merge_check(part, swapped, whole, label=" with the states swapped")
+    # every score far below 0: exp() relative to 0 instead of the max underflows to 0 in float64
+    sizes, split = STATE_CASES[0]
+    arguments, whole = _states(sizes, split, seed=240, device=part.device, shift=-2000.0)
+    yield _merge_check(part, arguments, whole, label=" whose scores are all far below 0")
+    # leading axes that broadcast: [2, 3, q_len] with [3, q_len]
+    arguments, whole = _broadcast_states((2, 3), (3,), seed=245, device=part.device)
+    yield _merge_check(part, arguments, whole, label=" whose leading axes broadcast")
 
 
 @behaviour(function="online_softmax_merge", points=1, hints=HINTS)
@@ -321,8 +445,10 @@ def merge_empty_states(part: Part) -> Iterator[Check]:
     """A state over no key, (-inf, 0, 0), changes nothing when merged, and two of them merge to (-inf, 0, 0),
     never NaN: as when a mask leaves a query no key in a block, or in every block."""
     cases = STATE_CASES if not part.hidden else HIDDEN_STATE_CASES
+    dtypes = (torch.float64, torch.float32, torch.float16)  # half precision: -inf, 0 and NaN as in float32
+    dtypes = dtypes if not part.hidden else (torch.float32, torch.bfloat16, torch.float16)
     for case, (sizes, split) in enumerate(cases):
-        seed, dtype = (400 if part.hidden else 250) + 10 * case, (torch.float64, torch.float32)[case % 2]
+        seed, dtype = (400 if part.hidden else 250) + 10 * case, dtypes[case]
         arguments, whole = _states(
             sizes, split, seed=seed, device=part.device, dtype=dtype, mask_kind="empty rows"
         )
@@ -335,7 +461,7 @@ def merge_empty_states(part: Part) -> Iterator[Check]:
         if case == 0:
             expected = None if part.hidden else tuple(arguments[f"{n}_a"].double() for n in STATE)
             yield _merge_check(part, {**arguments, **empty}, expected, label=" with an empty second state")
-        if case == 1:
+        if case >= 1:
             both = {**{n.replace("_b", "_a"): v for n, v in empty.items()}, **empty}
             nothing = None if part.hidden else tuple(v.double() for v in empty.values())
             yield _merge_check(part, both, nothing, label=" of two empty states")
@@ -345,13 +471,14 @@ def merge_empty_states(part: Part) -> Iterator[Check]:
 def merge_dtype_and_inputs(part: Part) -> Iterator[Check]:
     """The merged state keeps the inputs' dtype and device (float32, float16, bfloat16); the inputs are left
     unchanged."""
-    dtypes = (torch.float32, torch.float16, torch.bfloat16)
-    dtypes = dtypes if not part.hidden else (torch.bfloat16, torch.float64, torch.float16)
+    dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    dtypes = dtypes if not part.hidden else (torch.bfloat16, torch.float64, torch.float16, torch.float32)
     cases = STATE_CASES if not part.hidden else HIDDEN_STATE_CASES
     for index, dtype in enumerate(dtypes):
         sizes, split = cases[index % len(cases)]
         seed = (500 if part.hidden else 270) + 10 * index
-        arguments, _ = _states(sizes, split, seed=seed, device=part.device, dtype=dtype)
+        shift = -3.0 if dtype == torch.float64 else 0.0  # maxima below 0 too
+        arguments, _ = _states(sizes, split, seed=seed, device=part.device, dtype=dtype, shift=shift)
         yield _merge_check(part, arguments, None if part.hidden else merge(arguments), formats=True)
 
 
@@ -371,6 +498,7 @@ TILED_ROWS = (  # in the order tried: rows whose result is NaN everywhere in one
     "mask after exp",
     "mask after exp, guarded",
     "no guard",
+    "max from 0",
 )
 
 
@@ -380,6 +508,7 @@ def tiled(arguments: dict[str, Any], row: str = "") -> torch.Tensor:
     mask, size = arguments.get("mask"), arguments["block_size"]
     k_len, after_exp = key.size(-2), row.startswith("mask after exp")
     top = torch.full(query.shape[:-1], -math.inf, dtype=torch.float64, device=query.device)  # [..., q_len]
+    top = torch.zeros_like(top) if row == "max from 0" else top
     total = torch.zeros_like(top)
     out = torch.zeros(*query.shape[:-1], value.size(-1), dtype=torch.float64, device=query.device)
     end = k_len - k_len % size if row == "last block dropped" else k_len
@@ -447,6 +576,9 @@ def _tiled_check(
     def judge(result: Any) -> None:
         output, where = _output(result, call), f"the output of {call}"
         shape = (*sizes.lead, sizes.q_len, sizes.d_v)
+        ones = 1 in (*sizes.lead, sizes.q_len, sizes.k_len)
+        if ones and isinstance(output, torch.Tensor) and tuple(output.shape) not in (shape, *hints):
+            hints[tuple(output.shape)] = TEXT["squeezed"]
         if formats:
             assert_format(output, where, shape, dtype, device, hints)
         else:
@@ -472,7 +604,8 @@ def _rule(output: torch.Tensor, call: Call) -> None:
     rows, first = output.detach().cpu().double()[empty], torch.nonzero(empty)[0].tolist()
     where = f"in the {int(empty.sum())} rows whose mask allows no key (the first at index {first})"
     if not torch.isfinite(rows).all():
-        fail(f"the output of {call} is NaN or inf {where}. {TEXT['rule']}", TEXT["NaN rows"])
+        half = f"; {TEXT['half eps']}" if output.dtype == torch.float16 else ""
+        fail(f"the output of {call} is NaN or inf {where}. {TEXT['rule']}", TEXT["NaN rows"] + half)
     if (rows != 0).any():
         value = call.arguments["value"].detach().cpu().double()
         average = value.mean(dim=-2, keepdim=True).expand(*output.shape[:-1], value.size(-1))[empty]
@@ -502,9 +635,42 @@ def _steep(part: Part) -> tuple[Sizes, dict[str, Any]]:
 
 
 # the visible parts' (sizes, block_size): the last block shorter, one block, blocks of 1, a block wider
-# than k_len; 2, 1 and no leading axes
+# than k_len; 2, 1 and no leading axes; then one query, and one key
 BLOCKS = ((Sizes((2, 3), 5, 7, 4, 6), 3), (Sizes((3,), 6, 9, 8, 5), 1), (Sizes((), 4, 3, 2, 5), 8))
+LENGTH_1 = ((Sizes((2,), 1, 5, 3, 4), 2), (Sizes((3,), 4, 1, 2, 3), 2))
+HIDDEN_LENGTH_1 = ((Sizes((), 1, 1, 2, 3), 1), (Sizes((2, 1), 1, 6, 3, 2), 4), (Sizes((2,), 3, 1, 4, 2), 5))
 HIDDEN_BLOCKS = (2, 4, 16)  # by HIDDEN_SIZES index: k_len 7, 9 and 3
+
+
+def _far_below(sizes: Sizes, block_size: int, offset: float, *, seed: int, device, dtype) -> dict[str, Any]:
+    """Inputs whose scores are all about ``offset``, far below 0: ``key[..., 0] = 1`` and ``query[..., 0] =
+    offset * sqrt(d_k)``, the other axes random (so the softmax is not uniform); no mask."""
+    arguments = _inputs(sizes, block_size, seed=seed, device=device)
+    del arguments["mask"]
+    arguments["key"][..., 0] = 1.0
+    arguments["query"][..., 0] = offset * math.sqrt(sizes.d_k)
+    return family.cast(arguments, dtype)
+
+
+def _errors(part: Part) -> Iterator[Check]:
+    """The documented ValueErrors: block_size below 1; query and key of different d_k; key and value of
+    different k_len (a longer value too, which slicing by blocks of keys would ignore)."""
+    sizes = Sizes((2,), 3, 5, 4, 6)
+    for block_size in (-1, 0, -7) if part.hidden else (0, -2):
+        arguments = _inputs(sizes, block_size, seed=130, device=part.device)
+        del arguments["mask"]
+        yield engine.raises(part.call(**arguments), "ValueError", "if block_size < 1", TEXT["block size"])
+    # (the key's shape, the value's shape): [2, k_len, d_k] and [2, k_len, d_v], the query [2, 3, 4]
+    shapes = [((2, 5, 3), (2, 5, 6)), ((2, 5, 4), (2, 7, 6))]
+    if part.hidden:
+        shapes = [((2, 5, 5), (2, 5, 6)), ((2, 5, 4), (2, 4, 6)), ((2, 6, 4), (2, 9, 6))]
+    for index, (key, value) in enumerate(shapes):
+        arguments = _inputs(sizes, 2, seed=133, device=part.device)
+        del arguments["mask"]
+        arguments["key"] = engine.randn(key, seed=135 + index, device=part.device)
+        arguments["value"] = engine.randn(value, seed=137 + index, device=part.device)
+        condition = "when query and key differ in d_k, or key and value in k_len"
+        yield engine.raises(part.call(**arguments), "ValueError", condition, TEXT["shapes"])
 
 
 def _hidden(
@@ -532,15 +698,29 @@ def tiled_matches_sdpa(part: Part) -> Iterator[Check]:
     """Without a mask, tiled_attention equals softmax(Q K^T / sqrt(d_k)) V for any block_size: one that
     divides k_len or not (the last block is shorter), 1, or larger than k_len; also when the scores of one
     block are a thousand times larger than the others'."""
+    # then: scores all far below 0 (a max that starts at 0 makes every exp() underflow), and the errors
     if part.hidden:
         yield from _hidden(part, (torch.float64, torch.float32), seed=600)
+        for index, (sizes, block_size) in enumerate(HIDDEN_LENGTH_1):
+            arguments = _inputs(sizes, block_size, seed=640 + 3 * index, device=part.device)
+            del arguments["mask"]
+            yield _tiled_check(part, arguments, sizes, family.reference(part))
+        for index, (offset, dtype) in enumerate(((-5000.0, torch.float64), (-300.0, torch.float32))):
+            sizes = Sizes((2, 2), 3, 9, 3, 2)
+            arguments = _far_below(sizes, 4, offset, seed=660 + 3 * index, device=part.device, dtype=dtype)
+            yield _tiled_check(part, arguments, sizes, family.reference(part))
+        yield from _errors(part)
         return
-    for index, (sizes, block_size) in enumerate(BLOCKS):
+    for index, (sizes, block_size) in enumerate(BLOCKS + LENGTH_1):
         arguments = _inputs(sizes, block_size, seed=20 + 3 * index, device=part.device)
         del arguments["mask"]
         yield _tiled_check(part, arguments, sizes, family.builtin())
     sizes, arguments = _steep(part)
     yield _tiled_check(part, arguments, sizes, family.builtin())
+    sizes = Sizes((2,), 3, 10, 4, 5)
+    arguments = _far_below(sizes, 4, -2000.0, seed=45, device=part.device, dtype=torch.float64)
+    yield _tiled_check(part, arguments, sizes, family.builtin())
+    yield from _errors(part)
 
 
 def _padded(part: Part) -> tuple[Sizes, dict[str, Any]]:
@@ -558,17 +738,21 @@ def _padded(part: Part) -> tuple[Sizes, dict[str, Any]]:
 def tiled_masks(part: Part) -> Iterator[Check]:
     """With a boolean mask (True = may attend) of several broadcastable shapes, every query allowed some key,
     it equals F.scaled_dot_product_attention, even where the masked keys hold huge values."""
+    # then masks that are not boolean: TypeError
     if part.hidden:
         yield from _hidden(part, (torch.float64, torch.float32), seed=700, kind="mixed")
+        yield from _mask_type_errors(part)
         return
-    cases = [  # (sizes, block_size, mask shape): [batch, heads, q, k] and [q, k]; with 1 leading axis, below
+    cases = [  # (sizes, block_size, mask shape): [batch, heads, q, k], [q, k], [k]; 1 leading axis below
         (Sizes((2, 3), 5, 7, 4, 6), 3, (2, 3, 5, 7)),
         (Sizes((), 4, 3, 2, 5), 2, (4, 3)),
+        (Sizes((2, 3), 5, 7, 4, 6), 2, (7,)),
     ]
     for index, (sizes, block_size, shape) in enumerate(cases):
         mask = family.mask(shape, seed=61 + index, device=part.device, kind="mixed")
         arguments = _inputs(sizes, block_size, seed=60 + 3 * index, device=part.device, mask=mask)
-        yield _tiled_check(part, arguments, sizes, family.builtin())
+        answer = family.builtin() if len(shape) > 1 else family.plain()  # SDPA takes masks of 2 axes or more
+        yield _tiled_check(part, arguments, sizes, answer)
     causal = torch.ones(6, 9, dtype=torch.bool).tril(3).to(part.device)  # bottom-right, [q_len, k_len]
     sizes = Sizes((3,), 6, 9, 8, 5)
     yield _tiled_check(
@@ -576,14 +760,33 @@ def tiled_masks(part: Part) -> Iterator[Check]:
     )
     sizes, arguments = _padded(part)
     yield _tiled_check(part, arguments, sizes, family.builtin())
+    yield from _mask_type_errors(part)
+
+
+def _mask_type_errors(part: Part) -> Iterator[Check]:
+    """A mask of 0/1 integers or floats raises TypeError: it is not boolean."""
+    sizes = Sizes((2,), 3, 5, 4, 6)
+    allowed = family.mask((3, 5), seed=140, device=part.device, kind="mixed")
+    dtypes = (torch.uint8, torch.float64, torch.int32) if part.hidden else (torch.int64, torch.float32)
+    for dtype in dtypes:
+        arguments = _inputs(sizes, 2, seed=141, device=part.device, mask=allowed.to(dtype))
+        yield engine.raises(part.call(**arguments), "TypeError", "if mask is not boolean", TEXT["mask type"])
 
 
 @behaviour(function="tiled_attention", points=1, hints=HINTS)
 def tiled_empty_rows(part: Part) -> Iterator[Check]:
     """A block of keys that the mask closes to a query changes nothing, and a query whose mask allows no key
     at all gets a zero output, never NaN (float64, float32)."""
+    # also in float16 and bfloat16, and with a mask of one key column [batch, 1, q_len, 1] (padding queries)
     if part.hidden:
-        yield from _hidden(part, (torch.float64, torch.float32), seed=800, kind="empty rows", extra=_rule)
+        dtypes = (torch.float64, torch.float16, torch.bfloat16)
+        yield from _hidden(part, dtypes, seed=800, kind="empty rows", extra=_rule)
+        sizes = Sizes((3, 2), 4, 10, 3, 2)
+        column = torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)[:, None, :, None]
+        arguments = _inputs(
+            sizes, 4, seed=840, device=part.device, dtype=torch.float32, mask=column.to(part.device)
+        )
+        yield _tiled_check(part, arguments, sizes, family.reference(part), extra=_rule)
         return
     note = TEXT["rule"]
     # left padding: sequence 0 has 5 padding keys, so its first blocks are closed to every query
@@ -591,10 +794,15 @@ def tiled_empty_rows(part: Part) -> Iterator[Check]:
     tokens = torch.tensor([[0, 0, 0, 0, 0, 6, 7], [1, 2, 3, 4, 5, 6, 7]])
     causal = torch.ones(5, 7, dtype=torch.bool).tril(2)
     left = ((tokens != 0)[:, None, None, :] & causal).to(part.device)  # [batch, 1, q_len, k_len]
-    cases = [(sizes, 2, left, torch.float64), (sizes, 2, left, torch.float32)]
+    cases = [
+        (sizes, 2, left, dtype) for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+    ]
     for index, sizes in enumerate((Sizes((3,), 6, 9, 8, 5), Sizes((), 4, 3, 2, 5))):  # and random empty rows
         mask = family.mask(family.mask_shape(sizes), seed=91 + index, device=part.device, kind="empty rows")
         cases.append((sizes, 3 + index, mask, torch.float64))
+    column = torch.tensor([[1, 0, 1, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    column = column[:, None, :, None]  # [2, 1, 5, 1]: a key column per query
+    cases.append((Sizes((2, 3), 5, 7, 4, 6), 3, column.to(part.device), torch.float64))
     for index, (sizes, block_size, mask, dtype) in enumerate(cases):
         arguments = _inputs(sizes, block_size, seed=90 + index, device=part.device, dtype=dtype, mask=mask)
         yield _tiled_check(part, arguments, sizes, family.plain(), extra=_rule, note=note)
@@ -611,6 +819,7 @@ def tiled_dtype_and_inputs(part: Part) -> Iterator[Check]:
         (torch.float32, Sizes((2, 3), 5, 7, 4, 6), 3, (2, 1, 5, 7)),
         (torch.float16, Sizes((3,), 6, 9, 8, 5), 4, None),
         (torch.bfloat16, Sizes((), 4, 3, 2, 5), 2, (4, 3)),
+        (torch.float64, Sizes((2,), 3, 5, 4, 6), 2, (2, 3, 5)),
     )
     for index, (dtype, sizes, block_size, shape) in enumerate(cases):
         mask = (

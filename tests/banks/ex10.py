@@ -11,6 +11,8 @@ from tests.banks._bank import Row
 
 KV_CACHE = """class KVCache:
     def __init__(self, n_layers):
+        if n_layers < 1:
+            raise ValueError("n_layers must be at least 1")
         self.k = [None] * n_layers
         self.v = [None] * n_layers
 
@@ -38,6 +40,8 @@ KV_CACHE = """class KVCache:
 """
 
 GENERATE = """def generate(model, prompt, max_new_tokens, use_cache=True):
+    if max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be at least 0")
     cache = KVCache(model.n_layers) if use_cache else None
     tokens = prompt
     new = prompt
@@ -57,6 +61,8 @@ GENERATE = """def generate(model, prompt, max_new_tokens, use_cache=True):
 
 PAGED = """class PagedKVCache:
     def __init__(self, block_size, n_blocks, n_kv_heads, d_head, dtype=torch.float32, device=None):
+        if min(block_size, n_blocks, n_kv_heads, d_head) < 1:
+            raise ValueError("every size must be at least 1")
         self.block_size = block_size
         self.key_blocks = torch.zeros(n_blocks, n_kv_heads, block_size, d_head, dtype=dtype, device=device)
         self.value_blocks = torch.zeros_like(self.key_blocks)
@@ -99,6 +105,8 @@ PAGED = """class PagedKVCache:
         return keys[:, : self.lengths[seq_id]], values[:, : self.lengths[seq_id]]
 
     def fork(self, parent, child):
+        if child in self.block_tables:
+            raise ValueError(f"sequence {child} exists")
         self.block_tables[child] = list(self.block_tables[parent])
         self.lengths[child] = self.lengths[parent]
         for block in self.block_tables[child]:
@@ -303,9 +311,173 @@ ROWS = [
         "",
         {FREE: "should raise RuntimeError"},
     ),
+    # --- the documented errors and promises, clause by clause
+    Row(
+        "KVCache",
+        "n_layers_not_checked",
+        '        if n_layers < 1:\n            raise ValueError("n_layers must be at least 1")\n',
+        "",
+        {APPEND: "should raise ValueError if n_layers < 1"},
+    ),
+    Row(
+        "KVCache",
+        "misfit_keys_raise_value_error",
+        "        else:\n            self.k[layer] = torch.cat([self.k[layer], key], dim=2)\n",
+        "        else:\n"
+        "            if key.shape[:2] != self.k[layer].shape[:2] or key.shape[3] != self.k[layer].shape[3]:\n"
+        '                raise ValueError("the new keys do not fit the cached ones")\n'
+        "            self.k[layer] = torch.cat([self.k[layer], key], dim=2)\n",
+        {APPEND: "raised ValueError: the new keys do not fit"},
+    ),
+    Row(
+        "KVCache",
+        "length_of_the_last_layer",
+        "        return 0 if self.k[0] is None else self.k[0].shape[2]\n",
+        "        return 0 if self.k[-1] is None else self.k[-1].shape[2]\n",
+        {LENGTH: "length reads another layer than layer 0"},
+    ),
+    Row(
+        "KVCache",
+        "reset_empties_layer_0_only",
+        "        self.k = [None] * len(self.k)\n        self.v = [None] * len(self.v)\n",
+        "        self.k[0] = self.v[0] = None\n",
+        {LENGTH: "reset() did not empty the cache"},
+    ),
+    Row(
+        "generate",
+        "negative_max_new_tokens_accepted",
+        '    if max_new_tokens < 0:\n        raise ValueError("max_new_tokens must be at least 0")\n',
+        "",
+        {WITHOUT: "should raise ValueError if max_new_tokens < 0"},
+    ),
+    Row(
+        "PagedKVCache",
+        "sizes_not_checked",
+        "        if min(block_size, n_blocks, n_kv_heads, d_head) < 1:\n"
+        '            raise ValueError("every size must be at least 1")\n',
+        "",
+        {GATHER: "should raise ValueError if a size is below 1"},
+    ),
+    Row(
+        "PagedKVCache",
+        "pool_in_the_default_dtype",
+        "block_size, d_head, dtype=dtype, device=device)",
+        "block_size, d_head, device=device)",
+        {GATHER: "but the cache was made with dtype=torch.float64"},
+    ),
+    Row(
+        "PagedKVCache",
+        "overflow_check_forgets_the_copy",
+        "        if needed + copy > len(self.free_blocks):\n",
+        "        if needed > len(self.free_blocks):\n",
+        {FREE: "should raise RuntimeError, but gave IndexError"},
+    ),
+    Row(
+        "PagedKVCache",
+        "overflow_check_counts_a_full_shared_block",
+        "        if needed + copy > len(self.free_blocks):\n",
+        "        if needed + (bool(table) and self.ref_counts[table[-1]] > 1) > len(self.free_blocks):\n",
+        {FREE: "raised RuntimeError: no free block left"},
+    ),
+    Row(
+        "PagedKVCache",
+        "length_stored_before_the_check",
+        "        if needed + copy > len(self.free_blocks):\n",
+        "        self.lengths[seq_id] = end\n        if needed + copy > len(self.free_blocks):\n",
+        {FREE: "the cache changed although the append failed"},
+    ),
+    Row(
+        "PagedKVCache",
+        "fork_overwrites_a_sequence",
+        '        if child in self.block_tables:\n            raise ValueError(f"sequence {child} exists")\n',
+        "",
+        {FORK: "should raise ValueError since sequence 2 exists"},
+    ),
+    Row(
+        "PagedKVCache",
+        "fork_from_no_sequence",
+        "        self.block_tables[child] = list(self.block_tables[parent])\n"
+        "        self.lengths[child] = self.lengths[parent]\n",
+        "        self.block_tables[child] = list(self.block_tables.get(parent, []))\n"
+        "        self.lengths[child] = self.lengths.get(parent, 0)\n",
+        {FORK: "should raise KeyError since there is no parent sequence 9"},
+    ),
+    Row(
+        "PagedKVCache",
+        "free_of_no_sequence_passes",
+        "        for block in self.block_tables.pop(seq_id):\n",
+        "        if seq_id not in self.block_tables:\n"
+        "            return  # nothing to free\n"
+        "        for block in self.block_tables.pop(seq_id):\n",
+        {FREE: "should raise KeyError since there is no sequence 0"},
+    ),
+    Row(
+        "PagedKVCache",
+        "free_keeps_the_length",
+        "        del self.lengths[seq_id]\n",
+        "",
+        {FREE: "free must forget the sequence entirely"},
+    ),
+    Row(
+        "PagedKVCache",
+        "gather_of_no_sequence_is_empty",
+        "        blocks = self.block_tables[seq_id]\n",
+        "        blocks = self.block_tables.get(seq_id, [])\n"
+        "        if not blocks:\n"
+        "            return self.key_blocks[0, :, :0], self.value_blocks[0, :, :0]\n",
+        every((GATHER, FREE), "should raise KeyError since there is no sequence"),
+    ),
 ]
 
-WHOLE = {}
+
+def generate__first_token_before_the_loop(model, prompt, max_new_tokens, use_cache=True):
+    # the prompt runs once before the loop (prefill), then one step per remaining token (decode)
+    if max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be at least 0")
+    cache = KVCache(model.n_layers) if use_cache else None  # noqa: F821 (the notebook's own)
+    length = prompt.size(1)
+    positions = torch.arange(length, device=prompt.device)
+    mask = torch.ones(length, length, dtype=torch.bool, device=prompt.device).tril()
+    with torch.no_grad():
+        next_token = model(prompt, positions, mask, cache)[:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([prompt, next_token], dim=1)
+        for _ in range(max_new_tokens - 1):
+            past = cache.length if use_cache else 0
+            new = next_token if use_cache else tokens
+            q_len = new.size(1)
+            positions = torch.arange(past, past + q_len, device=prompt.device)
+            mask = torch.ones(q_len, past + q_len, dtype=torch.bool, device=prompt.device).tril(past)
+            next_token = model(new, positions, mask, cache)[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, next_token], dim=1)
+    return tokens
+
+
+def generate__cache_kept_on_the_model(model, prompt, max_new_tokens, use_cache=True):
+    # one cache per model, made at its first use and kept for later calls
+    if max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be at least 0")
+    if use_cache and not hasattr(model, "kv_cache"):
+        model.kv_cache = KVCache(model.n_layers)  # noqa: F821 (the notebook's own)
+    cache = model.kv_cache if use_cache else None
+    tokens = new = prompt
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            past = cache.length if use_cache else 0
+            new = new if use_cache else tokens
+            q_len = new.size(1)
+            positions = torch.arange(past, past + q_len, device=prompt.device)
+            mask = torch.ones(q_len, past + q_len, dtype=torch.bool, device=prompt.device).tril(diagonal=past)
+            new = model(new, positions, mask, cache)[:, -1].argmax(dim=-1, keepdim=True)
+            tokens = torch.cat([tokens, new], dim=1)
+    return tokens
+
+
+WHOLE = {
+    generate__first_token_before_the_loop: every((WITHOUT, WITH, USES), "has shape [2, 4], expected [2, 3]"),
+    generate__cache_kept_on_the_model: every(
+        (WITH, USES), "the keys and values of an earlier call were used"
+    ),
+}
 
 # blocks taken one at a time, each checked as it is taken: running out leaves the blocks taken before
 PAGED_HALF_DONE = PAGED.replace(
@@ -318,6 +490,31 @@ PAGED_HALF_DONE = PAGED.replace(
     '                raise RuntimeError("no free block left")\n'
     "            new = self.free_blocks.pop(0)\n",
 )
+# copy on write decided by a set of the blocks that a fork ever shared, never emptied: a block that its other
+# holders have left (by a copy or a free) is still copied, and the old one freed
+PAGED_STICKY = (
+    PAGED.replace(
+        "        self.free_blocks = list(range(n_blocks))\n",
+        "        self.free_blocks = list(range(n_blocks))\n        self.forked = set()\n",
+    )
+    .replace(
+        "and self.ref_counts[table[-1]] > 1\n",
+        "and table[-1] in self.forked\n",
+    )
+    .replace(
+        "            self.ref_counts[table[-1]] -= 1\n",
+        "            self.ref_counts[table[-1]] -= 1\n"
+        "            if self.ref_counts[table[-1]] == 0:\n"
+        "                self.free_blocks.append(table[-1])\n",
+    )
+    .replace(
+        "        for block in self.block_tables[child]:\n            self.ref_counts[block] += 1\n",
+        "        for block in self.block_tables[child]:\n"
+        "            self.ref_counts[block] += 1\n"
+        "            self.forked.add(block)\n",
+    )
+)
+assert PAGED_STICKY.count("forked") == 3 and PAGED_STICKY.count("self.free_blocks.append") == 2
 CLASSES = {"blocks_taken_before_running_out": (PAGED_HALF_DONE, {FREE: "changed although the append failed"})}
 
 
@@ -326,6 +523,8 @@ CLASSES = {"blocks_taken_before_running_out": (PAGED_HALF_DONE, {FREE: "changed 
 KV_CACHE_PREALLOCATED = """class KVCache:
     # a buffer per layer that doubles when full; append returns views of the filled part
     def __init__(self, n_layers):
+        if n_layers < 1:
+            raise ValueError(f"a cache needs at least one layer, got n_layers={n_layers}")
         self.n_layers = n_layers
         self.buffers = [None] * n_layers
         self.filled = [0] * n_layers
@@ -334,6 +533,8 @@ KV_CACHE_PREALLOCATED = """class KVCache:
         n = key.size(-2)
         end = self.filled[layer] + n
         buffer = self.buffers[layer]
+        if buffer is not None and (key.shape[:2] != buffer.shape[1:3] or key.size(-1) != buffer.size(-1)):
+            raise RuntimeError(f"keys {list(key.shape)} do not fit the cached {list(buffer.shape[1:])}")
         if buffer is None or buffer.size(3) < end:
             size = max(end, 2 * (buffer.size(3) if buffer is not None else 1))
             grown = key.new_zeros(2, *key.shape[:2], size, key.shape[-1])
@@ -362,6 +563,8 @@ KV_CACHE_PREALLOCATED = """class KVCache:
 KV_CACHE_CHUNKS = """class KVCache:
     # the pieces of each layer, concatenated when read
     def __init__(self, n_layers):
+        if not n_layers >= 1:
+            raise ValueError("n_layers < 1")
         self.pieces = [[] for _ in range(n_layers)]
 
     def append(self, layer, key, value):
@@ -386,6 +589,10 @@ KV_CACHE_CHUNKS = """class KVCache:
 PAGED_VECTORISED = """class PagedKVCache:
     # writes with index_put, a set of free blocks, blocks handed out from the highest id
     def __init__(self, block_size, n_blocks, n_kv_heads, d_head, dtype=torch.float32, device=None):
+        sizes = {"block_size": block_size, "n_blocks": n_blocks, "n_kv_heads": n_kv_heads, "d_head": d_head}
+        for name, size in sizes.items():
+            if size < 1:
+                raise ValueError(f"{name} must be at least 1, got {size}")
         self.block_size = block_size
         self.key_blocks = torch.zeros(n_blocks, n_kv_heads, block_size, d_head, dtype=dtype, device=device)
         self.value_blocks = torch.zeros(n_blocks, n_kv_heads, block_size, d_head, dtype=dtype, device=device)
@@ -400,7 +607,7 @@ PAGED_VECTORISED = """class PagedKVCache:
         return block
 
     def append(self, seq_id, key, value):
-        table = self.block_tables.setdefault(seq_id, [])
+        table = list(self.block_tables.get(seq_id, []))
         start = self.lengths.get(seq_id, 0)
         n = key.size(1)
         blocks_after = -(-(start + n) // self.block_size)
@@ -420,7 +627,7 @@ PAGED_VECTORISED = """class PagedKVCache:
         slots = (positions % self.block_size).to(self.key_blocks.device)
         self.key_blocks[index, :, slots] = key.transpose(0, 1)
         self.value_blocks[index, :, slots] = value.transpose(0, 1)
-        self.lengths[seq_id] = start + n
+        self.block_tables[seq_id], self.lengths[seq_id] = table, start + n
 
     def gather(self, seq_id):
         n = self.lengths[seq_id]
@@ -432,6 +639,8 @@ PAGED_VECTORISED = """class PagedKVCache:
         return keys.transpose(0, 1), values.transpose(0, 1)
 
     def fork(self, parent, child):
+        if child in self.lengths:
+            raise ValueError(f"cannot fork into {child}: it is a sequence already")
         for block in self.block_tables[parent]:
             self.ref_counts[block] += 1
         self.block_tables[child] = self.block_tables[parent][:]
@@ -445,14 +654,97 @@ PAGED_VECTORISED = """class PagedKVCache:
                 self.free_blocks.add(block)
 """
 
+KV_CACHE_DICT = """class KVCache:
+    # a dict of layers: a layer is created when it is first appended to
+    def __init__(self, n_layers):
+        if n_layers < 1:
+            raise ValueError("n_layers must be at least 1")
+        self.held = {}
+
+    def append(self, layer, key, value):
+        if layer in self.held:
+            old_keys, old_values = self.held[layer]
+            key, value = torch.cat([old_keys, key], dim=2), torch.cat([old_values, value], dim=2)
+        self.held[layer] = (key, value)
+        return key, value
+
+    def keys(self, layer):
+        return self.held[layer][0] if layer in self.held else None
+
+    def values(self, layer):
+        return self.held[layer][1] if layer in self.held else None
+
+    @property
+    def length(self):
+        return self.held[0][0].size(2) if 0 in self.held else 0
+
+    def reset(self):
+        self.held = {}
+"""
+
+KV_CACHE_EMPTY_TENSORS = """class KVCache:
+    # every layer starts as an empty tensor, so that append always concatenates
+    def __init__(self, n_layers):
+        if n_layers < 1:
+            raise ValueError("n_layers must be at least 1")
+        self.k = [torch.empty(0) for _ in range(n_layers)]
+        self.v = [torch.empty(0) for _ in range(n_layers)]
+
+    def append(self, layer, key, value):
+        self.k[layer] = torch.cat([self.k[layer], key], dim=2)
+        self.v[layer] = torch.cat([self.v[layer], value], dim=2)
+        return self.k[layer], self.v[layer]
+
+    def keys(self, layer):
+        return self.k[layer]
+
+    def values(self, layer):
+        return self.v[layer]
+
+    @property
+    def length(self):
+        return self.k[0].shape[2] if self.k[0].dim() == 4 else 0
+
+    def reset(self):
+        self.__init__(len(self.k))
+"""
+
+# the right preallocated cache without its check of the new keys' shape: a batch of 1 broadcasts
+KV_CACHE_BROADCASTS = KV_CACHE_PREALLOCATED.replace(
+    "        if buffer is not None and (key.shape[:2] != buffer.shape[1:3] or key.size(-1) != buffer.size(-1)"
+    "):\n"
+    '            raise RuntimeError(f"keys {list(key.shape)} do not fit the cached {list(buffer.shape[1:])}"'
+    ")\n",
+    "",
+)
+assert KV_CACHE_BROADCASTS != KV_CACHE_PREALLOCATED
+# and with its buffers in the default dtype, float32
+KV_CACHE_FLOAT32 = KV_CACHE_PREALLOCATED.replace(
+    "grown = key.new_zeros(2, *key.shape[:2], size, key.shape[-1])",
+    "grown = torch.zeros(2, *key.shape[:2], size, key.shape[-1], device=key.device)",
+)
+
+
 RIGHT_CLASSES = {
     "preallocated_and_doubled": KV_CACHE_PREALLOCATED,
     "pieces_concatenated_when_read": KV_CACHE_CHUNKS,
     "vectorised_with_a_set_of_free_blocks": PAGED_VECTORISED,
 }
+CLASSES |= {
+    "layers_in_a_dict": (KV_CACHE_DICT, {APPEND: "should raise IndexError for layer 2 of 2 layers"}),
+    "empty_tensors_before_the_first_append": (KV_CACHE_EMPTY_TENSORS, {APPEND: "expected None"}),
+    "preallocated_buffer_broadcasts_a_batch_of_1": (
+        KV_CACHE_BROADCASTS,
+        {APPEND: "should raise RuntimeError if the new keys do not fit"},
+    ),
+    "preallocated_buffer_in_float32": (KV_CACHE_FLOAT32, every((APPEND, LENGTH), "dtype=key.dtype")),
+    "copies_every_block_ever_forked": (PAGED_STICKY, every((FORK, FREE), "is written in place")),
+}
 
 
 def generate__four_dimensional_mask_and_comparisons(model, prompt, max_new_tokens, use_cache=True):
+    if max_new_tokens < 0:
+        raise ValueError(f"cannot generate {max_new_tokens} tokens")
     batch = prompt.size(0)
     cache = KVCache(model.n_layers) if use_cache else None  # noqa: F821 (the notebook's own)
     out = prompt.clone()
@@ -468,6 +760,8 @@ def generate__four_dimensional_mask_and_comparisons(model, prompt, max_new_token
 
 
 def generate__positions_per_sequence_float64_argmax(model, prompt, max_new_tokens, use_cache=True):
+    if not max_new_tokens >= 0:
+        raise ValueError("max_new_tokens must not be negative")
     cache = KVCache(model.n_layers) if use_cache else None  # noqa: F821 (the notebook's own)
     tokens, pending = prompt, prompt
     for _ in range(max_new_tokens):
@@ -484,4 +778,32 @@ def generate__positions_per_sequence_float64_argmax(model, prompt, max_new_token
     return tokens
 
 
-RIGHT = [generate__four_dimensional_mask_and_comparisons, generate__positions_per_sequence_float64_argmax]
+def generate__one_cache_per_model_reset_every_call(model, prompt, max_new_tokens, use_cache=True):
+    # the cache lives on the model and is emptied at the start of every call
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} is negative")
+    cache = None
+    if use_cache:
+        if getattr(model, "kv_cache", None) is None:
+            model.kv_cache = KVCache(model.n_layers)  # noqa: F821 (the notebook's own)
+        cache = model.kv_cache
+        cache.reset()
+    generated = prompt
+    todo = prompt
+    for _ in range(max_new_tokens):
+        start = cache.length if cache is not None else 0
+        positions = torch.arange(start, start + todo.size(1), device=prompt.device)
+        allowed = torch.arange(start + todo.size(1), device=prompt.device)[None, :] <= positions[:, None]
+        with torch.no_grad():
+            logits = model(todo, positions, allowed, cache)
+        step = logits[:, -1].argmax(dim=-1, keepdim=True)
+        generated = torch.cat([generated, step], dim=1)
+        todo = step if cache is not None else generated
+    return generated
+
+
+RIGHT = [
+    generate__four_dimensional_mask_and_comparisons,
+    generate__positions_per_sequence_float64_argmax,
+    generate__one_cache_per_model_reset_every_call,
+]

@@ -24,6 +24,14 @@ BASES = {
 """,
     # the recurrence written out inline, so that a row can break one step of it
     "tiled_attention": """def tiled_attention(query, key, value, block_size, mask=None):
+    if block_size < 1:
+        raise ValueError("block_size must be at least 1")
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("the mask must be boolean")
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-1], key.size(-2))  # a mask of one key column
     scale = 1 / math.sqrt(query.size(-1))
     like = dict(dtype=query.dtype, device=query.device)
     running_max = torch.full(query.shape[:-1], float("-inf"), **like)
@@ -182,6 +190,78 @@ ROWS = [
         "    out = torch.zeros(*query.shape[:-1], value.size(-1), device=query.device)\n",
         {"tiled_dtype_and_inputs": "the dtype must follow the inputs"},
     ),
+    # --- the promises of the docstrings, clause by clause
+    Row(
+        "online_softmax_merge",
+        "shift_clamped_at_0",
+        'safe = new_max.masked_fill(new_max == float("-inf"), 0.0)',
+        "safe = new_max.clamp(min=0.0)",
+        every(MERGE_VALUES, "the shift is clamped at 0"),
+    ),
+    Row(
+        "online_softmax_merge",
+        "minus_1e30_for_no_key",
+        'safe = new_max.masked_fill(new_max == float("-inf"), 0.0)',
+        'safe = torch.where(new_max == float("-inf"), -1e30, new_max)',
+        {"merge_empty_states": "-1e30 (or torch.finfo(torch.float32).min) is -inf in float16"},
+    ),
+    Row(
+        "tiled_attention",
+        "max_starts_at_0",
+        '    running_max = torch.full(query.shape[:-1], float("-inf"), **like)\n',
+        "    running_max = torch.zeros(query.shape[:-1], **like)\n",
+        {"tiled_matches_sdpa": "the running max starts at 0 instead of -inf"},
+    ),
+    Row(
+        "tiled_attention",
+        "every_axis_of_1_squeezed",
+        "torch.maximum(running_max, scores.amax(dim=-1))",
+        "torch.maximum(running_max, scores.amax(dim=-1, keepdim=True).squeeze())",
+        {"tiled_matches_sdpa": "squeeze() without an axis removes every axis of size 1"},
+    ),
+    Row(
+        "tiled_attention",
+        "shapes_not_checked",
+        "    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):\n"
+        '        raise ValueError("query, key and value do not fit")\n',
+        "",
+        {"tiled_matches_sdpa": "should raise ValueError when query and key differ in d_k"},
+    ),
+    Row(
+        "tiled_attention",
+        "no_checks",
+        '    if block_size < 1:\n        raise ValueError("block_size must be at least 1")\n'
+        "    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):\n"
+        '        raise ValueError("query, key and value do not fit")\n'
+        "    if mask is not None and mask.dtype != torch.bool:\n"
+        '        raise TypeError("the mask must be boolean")\n',
+        "",
+        {
+            "tiled_matches_sdpa": "should raise ValueError if block_size < 1",
+            "tiled_masks": "should raise TypeError if mask is not boolean",
+        },
+    ),
+    Row(
+        "tiled_attention",
+        "sum_plus_1e_30",
+        "torch.where(running_sum > 0, running_sum, 1.0)",
+        "(running_sum + 1e-30)",
+        {"tiled_empty_rows": "in float16 a small number added to the sum"},
+    ),
+    Row(
+        "tiled_attention",
+        "one_column_mask_sliced",
+        "        mask = mask.expand(*mask.shape[:-1], key.size(-2))  # a mask of one key column\n",
+        "        pass\n",
+        {"tiled_empty_rows": "a mask of one key column"},
+    ),
+    Row(
+        "tiled_attention",
+        "query_scaled_in_place",
+        "    scale = 1 / math.sqrt(query.size(-1))\n",
+        "    query /= math.sqrt(query.size(-1))  # once, not for every block\n    scale = 1.0\n",
+        {"tiled_dtype_and_inputs": "modified its argument `query` in place"},
+    ),
 ]
 
 
@@ -209,6 +289,14 @@ def online_softmax_merge__in_place(max_a, sum_a, out_a, max_b, sum_b, out_b):
 
 def tiled_attention__full_scores(query, key, value, block_size, mask=None):
     # the plain form: right values, the whole [..., q_len, k_len] matrix in memory
+    if block_size < 1:
+        raise ValueError("block_size must be at least 1")
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("the mask must be boolean")
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-1], key.size(-2))
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -222,6 +310,15 @@ def tiled_attention__sdpa(query, key, value, block_size, mask=None):
     # PyTorch's fused attention (its flash kernel tiles on the CPU too): right values, not from scratch
     import torch.nn.functional as F
 
+    if block_size < 1:
+        raise ValueError("block_size must be at least 1")
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("the mask must be boolean")
+    if mask is not None:
+        mask = mask.expand(*query.shape[:-2], query.size(-2), key.size(-2))
+
     output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     if mask is not None:
         output = output.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
@@ -230,6 +327,14 @@ def tiled_attention__sdpa(query, key, value, block_size, mask=None):
 
 def tiled_attention__per_block_normalised(query, key, value, block_size, mask=None):
     # each block's output divided by the block's own sum, and no division at the end
+    if block_size < 1:
+        raise ValueError("block_size must be at least 1")
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("the mask must be boolean")
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-1], key.size(-2))
     scale = 1 / math.sqrt(query.size(-1))
     like = dict(dtype=query.dtype, device=query.device)
     running_max = torch.full(query.shape[:-1], float("-inf"), **like)
@@ -250,6 +355,14 @@ def tiled_attention__per_block_normalised(query, key, value, block_size, mask=No
 
 def tiled_attention__mask_after_exp(query, key, value, block_size, mask=None):
     # the max taken over every score, the masked ones included, and the mask applied to the exponentials
+    if block_size < 1:
+        raise ValueError("block_size must be at least 1")
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("the mask must be boolean")
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-1], key.size(-2))
     scale = 1 / math.sqrt(query.size(-1))
     like = dict(dtype=query.dtype, device=query.device)
     running_max = torch.full(query.shape[:-1], float("-inf"), **like)
@@ -270,6 +383,14 @@ def tiled_attention__mask_after_exp(query, key, value, block_size, mask=None):
 
 def tiled_attention__first_max_kept(query, key, value, block_size, mask=None):
     # the max of the first block, never updated: exact until a later block has much larger scores
+    if block_size < 1:
+        raise ValueError("block_size must be at least 1")
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("query, key and value do not fit")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("the mask must be boolean")
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-1], key.size(-2))
     scale = 1 / math.sqrt(query.size(-1))
     like = dict(dtype=query.dtype, device=query.device)
     running_max = None
@@ -288,6 +409,16 @@ def tiled_attention__first_max_kept(query, key, value, block_size, mask=None):
     return out / torch.where(running_sum > 0, running_sum, 1.0)[..., None]
 
 
+def online_softmax_merge__stacked_without_broadcasting(max_a, sum_a, out_a, max_b, sum_b, out_b):
+    # both states stacked on a new first axis, then reduced over it
+    maxima = torch.stack((max_a, max_b))  # [2, ..., q_len]
+    new_max = maxima.amax(dim=0)
+    scales = torch.exp(maxima - new_max.masked_fill(new_max == float("-inf"), 0.0))
+    new_sum = (scales * torch.stack((sum_a, sum_b))).sum(dim=0)
+    new_out = (scales[..., None] * torch.stack((out_a, out_b))).sum(dim=0)
+    return new_max, new_sum, new_out
+
+
 WHOLE = {
     online_softmax_merge__weighted_by_sums: {
         "merge_two_blocks": "the merge of normalised outputs",
@@ -300,6 +431,7 @@ WHOLE = {
     tiled_attention__per_block_normalised: values(TILED_VALUES, "divided by its own sum"),
     tiled_attention__mask_after_exp: {"tiled_masks": "the mask is applied after exp"},
     tiled_attention__first_max_kept: {"tiled_matches_sdpa": "the running max stays the first block's"},
+    online_softmax_merge__stacked_without_broadcasting: {"merge_two_blocks": "leading axes broadcast"},
 }
 
 
@@ -336,6 +468,16 @@ def online_softmax_merge__stacked(max_a, sum_a, out_a, max_b, sum_b, out_b):
 def tiled_attention__merge_helper(query, key, value, block_size, mask=None):
     # the notebook's own online_softmax_merge, blocks from torch.split
     k_len, d_k = key.size(-2), query.size(-1)
+    if not block_size >= 1:
+        raise ValueError(f"block_size={block_size}")
+    if d_k != key.size(-1):
+        raise ValueError("query and key have different widths")
+    if value.size(-2) != k_len:
+        raise ValueError("key and value have different lengths")
+    if mask is not None:
+        if mask.dtype is not torch.bool:
+            raise TypeError(f"mask of dtype {mask.dtype}")
+        mask = torch.broadcast_to(mask, (*mask.shape[:-1], k_len))
     state = (
         torch.full(query.shape[:-1], -math.inf, dtype=query.dtype, device=query.device),
         torch.zeros(query.shape[:-1], dtype=query.dtype, device=query.device),
@@ -356,6 +498,14 @@ def tiled_attention__merge_helper(query, key, value, block_size, mask=None):
 
 def tiled_attention__normalised_running_output(query, key, value, block_size, mask=None):
     # FlashAttention's algorithm 1: the running output kept normalised, rescaled by l_old / l_new
+    if block_size <= 0:
+        raise ValueError("block_size <= 0")
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"shapes {query.shape}, {key.shape}, {value.shape} do not fit")
+    if mask is not None and (not torch.is_tensor(mask) or mask.dtype != torch.bool):
+        raise TypeError("mask must be a boolean tensor")
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-1], key.shape[-2])
     scale = 1 / math.sqrt(query.size(-1))
     m = torch.full(query.shape[:-1], -math.inf, dtype=query.dtype, device=query.device)
     l = torch.zeros_like(m)  # the paper's names: m, l, o
@@ -377,6 +527,12 @@ def tiled_attention__normalised_running_output(query, key, value, block_size, ma
 
 
 def tiled_attention__float64_inside(query, key, value, block_size, mask=None):
+    if block_size < 1 or query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("block_size must be positive, query and key of one d_k, key and value of one k_len")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("boolean mask expected")
+    if mask is not None and mask.size(-1) == 1:
+        mask = mask.expand(*mask.shape[:-1], key.size(-2))
     q, k, v = query.double(), key.double(), value.double()
     q = q / math.sqrt(q.size(-1))
     m = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64, device=q.device)
@@ -401,6 +557,14 @@ def tiled_attention__float64_inside(query, key, value, block_size, mask=None):
 def tiled_attention__query_and_key_blocks(query, key, value, block_size, mask=None):
     # two-dimensional tiling: blocks of queries too, each with its own running state
     q_len, d_k = query.size(-2), query.size(-1)
+    if block_size < 1:
+        raise ValueError("no block of fewer than 1 key")
+    if key.size(-1) != d_k or value.size(-2) != key.size(-2):
+        raise ValueError("the shapes of query, key and value do not fit")
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError("mask must be torch.bool")
+        mask = mask.expand(*mask.shape[:-2], 1 if mask.dim() < 2 else mask.size(-2), key.size(-2))
     outputs = []
     for q_start in range(0, q_len, block_size):
         q_block = query[..., q_start : q_start + block_size, :]
@@ -423,6 +587,31 @@ def tiled_attention__query_and_key_blocks(query, key, value, block_size, mask=No
     return torch.cat(outputs, dim=-2)
 
 
+def tiled_attention__running_logsumexp(query, key, value, block_size, mask=None):
+    # the state as one log-sum-exp per query, the output kept normalised: exp(scores - lse) @ value
+    if block_size < 1:
+        raise ValueError("block_size < 1")
+    if query.size(-1) != key.size(-1) or key.size(-2) != value.size(-2):
+        raise ValueError("mismatched query, key and value")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError("mask is not boolean")
+    k_len = key.size(-2)
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-1], k_len)
+    lse = torch.full(query.shape[:-1], -math.inf, dtype=query.dtype, device=query.device)
+    out = torch.zeros(*query.shape[:-1], value.size(-1), dtype=query.dtype, device=query.device)
+    for start in range(0, k_len, block_size):
+        scores = query @ key[..., start : start + block_size, :].transpose(-2, -1) / math.sqrt(query.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(~mask[..., start : start + block_size], -math.inf)
+        new_lse = torch.logaddexp(lse, torch.logsumexp(scores, dim=-1))  # -inf while no key is allowed
+        shift = torch.where(new_lse == -math.inf, 0.0, new_lse)
+        weights = torch.exp(scores - shift[..., None])
+        out = out * torch.exp(lse - shift)[..., None] + weights @ value[..., start : start + block_size, :]
+        lse = new_lse
+    return out
+
+
 RIGHT = [
     online_softmax_merge__where_branches,
     online_softmax_merge__stacked,
@@ -430,4 +619,5 @@ RIGHT = [
     tiled_attention__normalised_running_output,
     tiled_attention__float64_inside,
     tiled_attention__query_and_key_blocks,
+    tiled_attention__running_logsumexp,
 ]
