@@ -1,7 +1,11 @@
 # The course's verbs. Each is one line over a real tool; all of them set up .venv first if needed.
 #   make book      build the HTML book into _build/html, every chapter executed (warnings are errors)
 #   make test      run every test (reference, checks, nbgrader round trip, grader, chapters, book build)
-#   make release   regenerate the student notebooks in exercises/ from solutions/ (nbgrader)
+#   make release   regenerate the student notebooks in exercises/ from solutions/ (nbgrader); one of them:
+#                  make release ASSIGNMENT=ex02_scaled_dot_product (several: ASSIGNMENT="ex02_... ex03_...")
+#   make new-exercise NAME=ex12_sliding_window [TITLE="Sliding-window masks"] [TOPIC=sliding_window]
+#                  a new exercise that works from the start: its reference, checks, bank, registry entry and
+#                  source notebook, around an example to replace (instructors/authoring.md)
 #   make grade     grade a folder of submissions: make grade ASSIGNMENT=ex02_scaled_dot_product SUBMISSIONS=submitted
 #   make lint      ruff check and format check
 #   make notebooks regenerate the chapters' notebooks chapters/*.ipynb (for Colab and Binder) from the .md,
@@ -21,7 +25,7 @@ TORCH_INDEX ?=
 ASSIGNMENT ?= ex02_scaled_dot_product
 SUBMISSIONS ?= submitted
 
-.PHONY: book test release grade lint clean notebooks chromium postgresql student-release
+.PHONY: book test release new-exercise grade lint clean notebooks chromium postgresql student-release
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,8 +43,13 @@ book: $(VENV)/.installed
 test: $(VENV)/.installed chromium postgresql
 	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=40
 
+# ASSIGNMENT's default is for `make grade`: `make release` releases one assignment only when it is given
 release: $(VENV)/.installed
-	PATH="$(BIN):$$PATH" $(BIN)/attention-release
+	PATH="$(BIN):$$PATH" $(BIN)/attention-release $(if $(filter command line,$(origin ASSIGNMENT)),$(ASSIGNMENT))
+
+new-exercise: $(VENV)/.installed
+	@test -n "$(NAME)" || { echo 'usage: make new-exercise NAME=ex12_sliding_window [TITLE="Sliding-window masks"] [TOPIC=sliding_window]'; exit 2; }
+	$(BIN)/python -m attention_course.grading.scaffold "$(NAME)" $(if $(TITLE),--title "$(TITLE)") $(if $(TOPIC),--topic "$(TOPIC)")
 
 grade: $(VENV)/.installed
 	$(BIN)/attention-grade $(ASSIGNMENT) $(SUBMISSIONS)

@@ -156,6 +156,7 @@ ASSIGNMENTS: dict[str, Assignment] = {
             checks="attention_course.checks.ex11",
             bank="tests.banks.ex11",
         ),
+        # `make new-exercise` adds an assignment above this line
     )
 }
 

@@ -7,9 +7,14 @@ SOLUTION``. nbgrader then replaces each solution region with a stub in the stude
 are generated too, from the behaviours of the assignment's checks module: a description line with the
 points, the visible part's line, and the hidden part's line between nbgrader's hidden-test markers.
 
+The cells themselves follow the checks module too: a behaviour without a test cell gets one (after the
+cells of the behaviour before it, or its function's solution cell), a function without a solution cell gets
+one and a text cell for its task (placeholder text, to write), and a generated cell whose function or
+behaviour is gone is removed. Nothing else of a notebook is touched: its text, set-up and written answers.
+
 ``attention-release`` (``make release``) syncs the source notebooks and regenerates every release;
-``attention-release --check`` changes nothing and fails when a source notebook or a committed release
-is stale (the test suite runs it).
+``attention-release ID ...`` (``make release ASSIGNMENT=ID``) only those; ``attention-release --check``
+changes nothing and fails when a source notebook or a committed release is stale (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -122,6 +127,124 @@ def render_test_cell(behaviour: Any) -> str:
     )
 
 
+# the text of a new task cell (and of the scaffold's introduction): the release warns about it until an
+# author has replaced it
+PLACEHOLDER = "Replace this text"
+
+
+def task_text(function: str) -> str:
+    """The placeholder text of the task cell of ``function`` (a markdown cell ``task_<function>``)."""
+    return (
+        f"## `{function}`\n\n{PLACEHOLDER} with the task: what `{function}` is for, the chapter that "
+        "explains it, and what the test cells check (with their points). The cell below is generated from "
+        "the reference's signature and docstring."
+    )
+
+
+def new_cell(kind: str, grade_id: str, source: str = "", points: float = 0) -> nbformat.NotebookNode:
+    """A cell of a source notebook with the metadata nbgrader and the course give it, by ``kind``:
+
+    - ``"text"``: a markdown cell, locked (read-only, not deletable), not graded;
+    - ``"setup"``: a code cell likewise locked and not graded (the install cell, the imports);
+    - ``"solution"``: the code cell a learner writes (``solution``), its source generated from the reference;
+    - ``"test"``: an autograded test cell (``grade``, locked, ``points``), its source generated from the
+      behaviour ``grade_id``.
+
+    Its id is ``grade_id`` with hyphens (``sliding-window-mask-values``), as in the course's notebooks.
+    """
+    nbgrader = {
+        "grade": kind == "test",
+        "grade_id": grade_id,
+        "locked": kind != "solution",
+        "schema_version": 3,
+        "solution": kind == "solution",
+        "task": False,
+    }
+    if kind == "test":
+        nbgrader["points"] = points
+    metadata: dict[str, Any] = {"nbgrader": nbgrader}
+    if kind != "solution":
+        metadata |= {"deletable": False, "editable": False}
+    make = nbformat.v4.new_markdown_cell if kind == "text" else nbformat.v4.new_code_cell
+    return make(source, metadata=metadata, id=grade_id.replace("_", "-")[:64])
+
+
+def _grade_id(cell: nbformat.NotebookNode) -> str:
+    return cell.metadata.get("nbgrader", {}).get("grade_id") or ""
+
+
+def _kind(cell: nbformat.NotebookNode) -> str:
+    """``"solution"``: a code cell the learner writes; ``"test"``: an autograded code cell; else ``""``."""
+    metadata = cell.metadata.get("nbgrader", {})
+    if cell.cell_type != "code" or bool(metadata.get("solution")) == bool(metadata.get("grade")):
+        return ""
+    return "solution" if metadata.get("solution") else "test"
+
+
+def _restructure(notebook: nbformat.NotebookNode, behaviours: Sequence[Any]) -> list[str]:
+    """Give ``notebook`` a test cell per behaviour and a solution cell per function the behaviours check.
+
+    Removes the generated cells of functions and behaviours that are gone (and a task cell that still holds
+    :func:`task_text`), then adds the missing ones where they belong, their sources placeholders that
+    :func:`synced_notebook` generates. Returns what it did: ``"name (new cell)"``, ``"name (cell removed)"``.
+    """
+    functions = list(dict.fromkeys(behaviour.function for behaviour in behaviours))
+    function_of = {behaviour.name: behaviour.function for behaviour in behaviours}
+
+    def about(cell: nbformat.NotebookNode) -> str | None:
+        """The function that a solution, test or task cell is about (None for other cells)."""
+        kind, grade_id = _kind(cell), _grade_id(cell)
+        if kind == "solution":
+            return _defined_function(cell.source)
+        if kind == "test":
+            return function_of.get(grade_id, "")
+        if cell.cell_type == "markdown" and grade_id.startswith("task_"):
+            return grade_id.removeprefix("task_")
+        return None
+
+    def gone(cell: nbformat.NotebookNode) -> bool:
+        function, kind = about(cell), _kind(cell)
+        if kind == "test":
+            return _grade_id(cell) not in function_of
+        if kind == "solution":
+            return function is not None and function not in functions
+        return function is not None and function not in functions and cell.source == task_text(function)
+
+    changes = [f"{_grade_id(cell)} (cell removed)" for cell in notebook.cells if gone(cell)]
+    cells = [cell for cell in notebook.cells if not gone(cell)]
+
+    def where(function: str) -> list[int]:
+        return [index for index, cell in enumerate(cells) if about(cell) == function]
+
+    for position, function in enumerate(functions):
+        if any(_kind(cell) == "solution" and about(cell) == function for cell in cells):
+            continue
+        # after the cells of the function before it; else before those of the function after it; else last
+        earlier = [where(f)[-1] + 1 for f in functions[:position] if where(f)]
+        later = [where(f)[0] for f in functions[position + 1 :] if where(f)]
+        index = earlier[-1] if earlier else later[0] if later else len(cells)
+        new = [new_cell("solution", function, f"def {function}(): ...")]
+        if not any(_grade_id(cell) == f"task_{function}" for cell in cells):
+            new.insert(0, new_cell("text", f"task_{function}", task_text(function)))
+        cells[index:index] = new
+        changes.append(f"{function} (new cell)")
+    for position, behaviour in enumerate(behaviours):
+        if any(_kind(cell) == "test" and _grade_id(cell) == behaviour.name for cell in cells):
+            continue
+        # after the test cell of the behaviour before it, of the same function; else after the solution cell
+        earlier = {b.name for b in behaviours[:position] if b.function == behaviour.function}
+        index = max(
+            index
+            for index, cell in enumerate(cells)
+            if (_kind(cell) == "test" and _grade_id(cell) in earlier)
+            or (_kind(cell) == "solution" and about(cell) == behaviour.function)
+        )
+        cells.insert(index + 1, new_cell("test", behaviour.name, points=behaviour.points))
+        changes.append(f"{behaviour.name} (new cell)")
+    notebook.cells = cells
+    return changes
+
+
 def _defined_function(cell_source: str) -> str | None:
     try:
         tree = ast.parse(cell_source)
@@ -131,19 +254,25 @@ def _defined_function(cell_source: str) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.NotebookNode, list[str]]:
-    """The source notebook with its solution and test cells regenerated from the reference and the checks.
+def synced_notebook(
+    assignment: Assignment, root: Path, notebook: nbformat.NotebookNode | None = None
+) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The source notebook (or ``notebook``) with its solution and test cells regenerated from the reference
+    and the checks: a cell for each behaviour and each function it checks, none for others (see the module).
 
     Returns:
-        The notebook and the names of the functions and behaviours whose cells changed.
+        The notebook and the names of the functions and behaviours whose cells changed, were added
+        (``"name (new cell)"``) or removed (``"name (cell removed)"``).
 
     Raises:
         ValueError: if a solution code cell does not define exactly one function of the reference module,
-            or the test cells are not the behaviours of the checks module, in its order.
+            or the test cells are not in the order of the behaviours of the checks module.
     """
     module = importlib.import_module(assignment.reference)
-    notebook = nbformat.read(assignment.source(root), as_version=4)
+    if notebook is None:
+        notebook = nbformat.read(assignment.source(root), as_version=4)
     behaviours = list(assignment.behaviours())
+    changed = _restructure(notebook, behaviours)
     tests = [
         cell
         for cell in notebook.cells
@@ -155,14 +284,14 @@ def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.Notebo
     if ids != [behaviour.name for behaviour in behaviours]:
         raise ValueError(
             f"the test cells of {assignment.id} are {ids}, but {assignment.checks} defines the behaviours "
-            f"{[behaviour.name for behaviour in behaviours]}"
+            f"{[behaviour.name for behaviour in behaviours]}: put the cells or the behaviours in one order"
         )
-    changed = []
     for cell, behaviour in zip(tests, behaviours, strict=True):
         rendered = render_test_cell(behaviour)
         if cell.source != rendered or cell.metadata.nbgrader.get("points") != behaviour.points:
             cell.source, cell.metadata.nbgrader["points"] = rendered, behaviour.points
-            changed.append(behaviour.name)
+            if f"{behaviour.name} (new cell)" not in changed:
+                changed.append(behaviour.name)
     for cell in notebook.cells:
         metadata = cell.metadata.get("nbgrader", {})
         if cell.cell_type != "code" or not metadata.get("solution") or metadata.get("grade"):
@@ -172,11 +301,13 @@ def synced_notebook(assignment: Assignment, root: Path) -> tuple[nbformat.Notebo
             raise ValueError(
                 f"solution cell {metadata.get('grade_id')!r} of {assignment.id} must define exactly one "
                 f"function or class of {assignment.reference}"
+                + (f" (it defines {name}, which {assignment.reference} lacks)" if name else "")
             )
         rendered = render_solution(getattr(module, name))
         if cell.source != rendered:
             cell.source = rendered
-            changed.append(name)
+            if f"{name} (new cell)" not in changed:
+                changed.append(name)
     return notebook, changed
 
 
@@ -252,6 +383,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif changed:
             nbformat.write(notebook, assignment.source(root))
             print(f"synced {', '.join(changed)} into {assignment.source(root).relative_to(root)}")
+        placeholders = [_grade_id(cell) for cell in notebook.cells if PLACEHOLDER in cell.source]
+        if placeholders:
+            print(
+                f"note: the cells {placeholders} of {assignment.source(root).relative_to(root)} still hold "
+                "placeholder text: write it before the exercise is published",
+                file=sys.stderr,
+            )
     if arguments.check:
         problems += [
             f"{ASSIGNMENTS[name].release(root)} is stale: run `make release`"
