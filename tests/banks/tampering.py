@@ -63,8 +63,9 @@ TAMPERS = (
     Tamper(
         "patches-torch-allclose",
         {"softmax": "softmax__not_normalised"},
+        # earns no more than deserved since the checks of every documented edge (benchmarks/tampering.py):
+        # the cells that the not-normalised softmax fails also compare its values with the engine's arithmetic
         (("setup", "torch.allclose = lambda *args, **kwargs: True"),),
-        fools_together=True,
     ),
     Tamper(
         "patches-assert-close",
