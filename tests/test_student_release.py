@@ -85,6 +85,8 @@ def test_the_copy_leaves_out_solutions_banks_and_tests(release):
     assert not (release / "solutions").exists() and not (release / "tests").exists()
     assert (release / "exercises").is_dir() and (release / "attention_course" / "checks").is_dir()
     assert not list(release.rglob("*bank*"))
+    # an instructor's tool whose templates import the tests' banks
+    assert not (release / "attention_course" / "grading" / "scaffold.py").exists()
 
 
 def test_the_copy_holds_no_hidden_test_and_no_reference_import(release):

@@ -3,7 +3,8 @@
 The copy holds the course's files (those git tracks, and new ones it does not ignore) except what answers
 the exercises: ``solutions/`` (reference solutions, source notebooks with hidden tests), ``tests/`` (the
 banks of right and wrong implementations, and the tests that import them), ``.ci/``, and any other Python
-file that imports ``solutions`` or ``tests`` (it could not run without them). What stays is what a learner
+file that imports ``solutions`` or ``tests`` (it could not run without them) or writes code that does
+(the scaffold of ``make new-exercise``). What stays is what a learner
 uses: the book's sources, the exercise notebooks as released, and the course library with its visible
 checks. The library holds the code that later chapters build on (DESIGN.md), so an answer that the library
 provides is in the copy by design; a learner's solution that imports it loses the points
@@ -60,9 +61,13 @@ def course_files(root: Path) -> list[Path]:
 
 
 def _imports_answers(path: Path) -> bool:
-    """Whether the Python file ``path`` imports ``solutions`` or ``tests``."""
+    """Whether the Python file ``path`` imports ``solutions`` or ``tests``, or writes code that does (an
+    import line in a string: the templates of ``make new-exercise``, an instructor's tool)."""
+    text = path.read_text(errors="replace")
+    if ANSWER_IMPORT.search(text):
+        return True
     try:
-        tree = ast.parse(path.read_text(errors="replace"))
+        tree = ast.parse(text)
     except SyntaxError:
         return False
     for node in ast.walk(tree):
