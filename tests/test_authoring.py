@@ -199,7 +199,13 @@ def test_the_scaffold_writes_everything_or_nothing(tmp_path, monkeypatch):
 
 def test_make_release_of_one_assignment():
     def command(*arguments: str) -> str:
-        done = subprocess.run(["make", "-n", "release", *arguments], cwd=ROOT, capture_output=True, text=True)
+        # under `make test`, make prints the directories it enters and leaves unless told not to
+        done = subprocess.run(
+            ["make", "--no-print-directory", "-n", "release", *arguments],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.strip().splitlines()[-1]
 
