@@ -37,6 +37,8 @@ from tests.notebook_tools import (
 
 pytestmark = pytest.mark.slow
 PRESENT = [name for name, assignment in sorted(ASSIGNMENTS.items()) if assignment.source(ROOT).exists()]
+# prints to stderr in its last function, and has deleted and edited test cells
+CHATTY = "prints-to-stderr-edits-tests"
 WRITTEN_ANSWER = "Because the queries come from the target, which is generated left to right..."
 
 
@@ -87,17 +89,11 @@ def submissions(exercise: Exercise) -> list[Submission]:
         assert all(expected[grade_id] == 0 for grade_id in candidate.expected)  # the bank agrees
         buggy = fill_solutions(release, sources)
         result.append(Submission(f"buggy-{name}", buggy, {**expected, **dict.fromkeys(manual, 0.0)}))
-    # a deleted test cell and an edited one come back from the source, hidden tests included
-    deleted = nbformat.from_dict(solved)
-    first_test = exercise.tests[0].grade_id
-    deleted.cells = [c for c in deleted.cells if c.metadata.get("nbgrader", {}).get("grade_id") != first_test]
-    result.append(Submission("deleted-test-cell", deleted, {**full, **dict.fromkeys(manual)}))
-    edited = nbformat.from_dict(solved)
-    for cell in edited.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade") and cell.cell_type == "code":
-            cell.source = "pass  # the learner emptied this test"
-    result.append(Submission("edited-test-cells", edited, {**full, **dict.fromkeys(manual)}))
-    # a function that prints to stderr: nbgrader gives 0 to every test cell that shows it
+    # one submission for three promises, each seen in its points (nbgrader starts a kernel for every notebook,
+    # about 8 s on 2 cores, so each submission counts): a function that prints to stderr gets 0 in every test
+    # cell that shows it, from nbgrader; a deleted test cell and edited ones come back from the source, hidden
+    # tests included (left as the learner made them, the edited cells of that function would pass and the
+    # deleted one would have no grade)
     chatty_name = exercise.functions[-1]  # no other function calls the last one
     lines = right_sources[chatty_name].splitlines()
     docstring_end = max(i for i, line in enumerate(lines) if line.strip().endswith('"""'))
@@ -106,10 +102,15 @@ def submissions(exercise: Exercise) -> list[Submission]:
     lines.insert(docstring_end + 1, f'{indent}print("debugging", file=__import__("sys").stderr)')
     chatty = fill_solutions(release, {**right_sources, chatty_name: "\n".join(lines)})
     _answer_written_answers(chatty)
+    first_test = exercise.tests[0].grade_id
+    chatty.cells = [c for c in chatty.cells if c.metadata.get("nbgrader", {}).get("grade_id") != first_test]
+    for cell in chatty.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade") and cell.cell_type == "code":
+            cell.source = "pass  # the learner emptied this test"
     chatty_expected = {
         cell.grade_id: (0.0 if cell.function == chatty_name else cell.points) for cell in exercise.tests
     }
-    result.append(Submission("prints-to-stderr", chatty, {**chatty_expected, **dict.fromkeys(manual)}))
+    result.append(Submission(CHATTY, chatty, {**chatty_expected, **dict.fromkeys(manual)}))
     return result
 
 
@@ -227,7 +228,7 @@ def test_the_course_grader_explains_failures(round_trip):
                 assert cell.message, f"{result.student}/{cell.grade_id} failed without a message"
     blank = results["blank"]
     assert all("not implemented yet" in c.message for c in blank.cells if c.kind == "auto")
-    assert all("stderr" in c.message for c in results["prints-to-stderr"].cells if c.points == 0)
+    assert all("stderr" in c.message for c in results[CHATTY].cells if c.points == 0)
 
 
 # `nbgrader validate` checks one notebook after another in one command, each in a kernel of its own: one
