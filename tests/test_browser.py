@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from attention_course.registry import ASSIGNMENTS
 from tests.conftest import ROOT, BookBuild
@@ -40,6 +42,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
+# how long a page's requests may go on after its load event, before the next page is opened
+SETTLE_MS = 60_000
 # A figure is drawn for 100 dpi with 10-point text (14 CSS px); shown at these fractions of that size or
 # more, its smallest text stays at about 10 px on a desktop and 8 px on a phone. Its PNG holds twice the
 # pixels (matplotlib's "retina" format) so that a screen of DEVICE_PIXEL_RATIO device pixels per CSS pixel
@@ -165,6 +169,11 @@ class Reader:
         self.page.on("pageerror", lambda error: self.visit.console_errors.append(f"uncaught: {error}"))
         self.page.on("requestfailed", self._request_failed)
         self.page.on("response", self._response)
+        self.loading: dict[object, str] = {}  # requests not yet finished or failed
+        self.abandoned: set[object] = set()  # requests reported as never ending, which the next page aborts
+        self.page.on("request", lambda request: self.loading.__setitem__(request, request.url))
+        self.page.on("requestfinished", lambda request: self.loading.pop(request, None))
+        self.page.on("requestfailed", lambda request: self.loading.pop(request, None))
 
     def _route(self, route) -> None:
         url = route.request.url
@@ -179,6 +188,9 @@ class Reader:
             self.visit.console_errors.append(message.text)
 
     def _request_failed(self, request) -> None:
+        if request in self.abandoned:  # counted by the page that made it
+            self.abandoned.discard(request)
+            return
         self.visit.failed_requests.append(f"{request.url} ({request.failure})")
 
     def _response(self, response) -> None:
@@ -188,7 +200,17 @@ class Reader:
     def open(self, path: str) -> Visit:
         """Load a page at desktop size; what it logs and requests from now on goes to the returned Visit."""
         if self.visit.page:  # let the last page's requests end there, not be aborted and counted here
-            self.page.wait_for_load_state("networkidle")
+            try:
+                self.page.wait_for_load_state("networkidle", timeout=SETTLE_MS)
+            except PlaywrightTimeoutError:
+                # a request that never ends fails the page that made it (test_every_resource_loads names it),
+                # not every page opened after it in this tab
+                self.visit.failed_requests += [
+                    f"{url} (still loading {SETTLE_MS // 1000} s after the page loaded)"
+                    for url in self.loading.values()
+                ] or [f"the page's network never went idle in {SETTLE_MS // 1000} s"]
+                self.abandoned.update(self.loading)
+                self.loading.clear()
         self.visit = Visit(path)
         self.page.set_viewport_size(DESKTOP)
         self.page.goto(self.site + path, wait_until="load")
@@ -434,3 +456,36 @@ def test_chapters_fold_the_functions_an_exercise_asks_for(visits, chapter):
     for definition in definitions:
         assert not definition["shown"], definition  # not visible before the reader opens it
         assert definition["folded"] and definition["afterExerciseLink"], definition
+
+
+def test_a_request_that_never_ends_fails_its_own_page_only(browser, tmp_path, monkeypatch):
+    """A page whose request hangs is reported with that request, and the pages after it open as usual."""
+    monkeypatch.setattr(sys.modules[__name__], "SETTLE_MS", 2_000)
+    (tmp_path / "hangs.html").write_text(
+        '<html><body><script>addEventListener("load", () => fetch("/never"));</script></body></html>'
+    )
+    (tmp_path / "next.html").write_text("<html><body>next</body></html>")
+    answered = threading.Event()
+
+    class Hanging(_QuietHandler):
+        def do_GET(self):
+            if self.path != "/never":
+                return super().do_GET()
+            answered.wait(30)  # answered when the test ends
+
+    handler = functools.partial(Hanging, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        reader = Reader(browser, f"http://127.0.0.1:{server.server_address[1]}/")
+        try:
+            hangs = reader.open("hangs.html")
+            reader.page.wait_for_timeout(300)  # the fetch starts after the load event
+            after = reader.open("next.html")
+            assert reader.page.inner_text("body") == "next"
+        finally:
+            reader.close()
+            answered.set()
+            server.shutdown()
+    assert len(hangs.failed_requests) == 1 and "/never (still loading 2 s" in hangs.failed_requests[0]
+    assert after.failed_requests == []
