@@ -365,6 +365,16 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
     )
 
 
+@functools.cache
+def meta_ready() -> None:
+    """Load what tensors on ``meta`` need, once, before the learner's calls: their Python references (of
+    torch.arange, among others) import torch._dynamo, about 1 s on a CPU, and twice that under the profiler
+    that observes a call. The checks modules with ``meta`` calls run this when they are imported (the
+    notebook's set-up cell), so that no test cell waits for it; ``attention-grade``'s fork servers import it
+    before forking (the assignment's ``preload``, attention_course.registry)."""
+    importlib.import_module("torch._dynamo")
+
+
 def raised_at(error: BaseException, owner: dict[str, Any] | None) -> str:
     """The source line, in the learner's code (globals ``owner``), of the innermost frame that ``error``
     went through: where that code raised it, or called what raised it ("" if Python knows no source)."""

@@ -12,8 +12,6 @@ device is checked on ``meta``, a device of shapes without data, so that it needs
 
 from __future__ import annotations
 
-import functools
-import importlib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +28,7 @@ from attention_course.checks.engine import (
     assert_values,
     behaviour,
     fail,
+    meta_ready,
     randn,
 )
 
@@ -184,15 +183,7 @@ def _named_dtype(fn: Any, **arguments: Any) -> Any:
 
 DTYPED = Driver(_named_dtype)
 META = torch.device("meta")
-
-
-@functools.cache
-def meta_ready() -> None:
-    """Load what tensors on ``meta`` need, once, before the learner's calls: their Python references (of
-    torch.arange, among others) import torch._dynamo, 2 s, and twice that under the profiler that observes a
-    call. A plan with ``meta`` calls runs this first; in a grader's kernel, which makes no plan, the
-    assignment's ``preload`` (attention_course.registry) can import it before forking, as ex03's does."""
-    importlib.import_module("torch._dynamo")
+meta_ready()  # when the set-up cell imports the checks, so that no test cell waits for it
 
 
 def dtype_of(name: str) -> torch.dtype:
