@@ -29,6 +29,7 @@ import yaml
 from IPython.core.inputtransformer2 import TransformerManager
 from packaging.requirements import Requirement
 
+from attention_course.grading.scaffold import install_cell
 from tests.conftest import ROOT, BookBuild
 
 sys.path.insert(0, str(ROOT / "_ext"))  # the book's own tools, imported as Sphinx and `make notebooks` do
@@ -43,24 +44,9 @@ ORG_REPO = urlsplit(REPOSITORY).path.strip("/")
 CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))
 EXERCISES = sorted((ROOT / "exercises").glob("*/*.ipynb"))
 
-# The first code cell of every notebook that a launch button opens (chapters and exercises alike).
-SETUP_CELL = f"""\
-# Colab and Binder: install the course library where it is missing
-# (nothing happens where it is installed).
-import importlib
-import importlib.util
-import subprocess
-import sys
-
-if importlib.util.find_spec("attention_course") is None:
-    repository = "{REPOSITORY}"
-    course = f"attention-course @ git+{{repository}}@{BRANCH}"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", course],
-        check=True,
-    )
-    # let this running kernel see the new package
-    importlib.invalidate_caches()"""
+# The first code cell of every notebook that a launch button opens (chapters and exercises alike), as
+# make new-exercise writes it
+SETUP_CELL = install_cell(ROOT)
 
 
 def first_code_cell(notebook: nbformat.NotebookNode) -> str:
