@@ -23,6 +23,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import IPython  # noqa: F401 (loaded in a notebook's kernel: the checks modules then load what meta calls need)
+
 from attention_course.device import default_device
 from attention_course.registry import ASSIGNMENTS
 from tests.notebook_tools import load_exercise, reference_as_learner_code

@@ -375,6 +375,14 @@ def meta_ready() -> None:
     importlib.import_module("torch._dynamo")
 
 
+def meta_ready_in_a_notebook() -> None:
+    """:func:`meta_ready`, when the checks are imported in a notebook's kernel (IPython is loaded): where a
+    learner's set-up cell imports them. Not in ``attention-grade``'s own process, which imports every checks
+    module for its review rules and makes no ``meta`` call (it cost each run about 1 s)."""
+    if "IPython" in sys.modules:
+        meta_ready()
+
+
 def raised_at(error: BaseException, owner: dict[str, Any] | None) -> str:
     """The source line, in the learner's code (globals ``owner``), of the innermost frame that ``error``
     went through: where that code raised it, or called what raised it ("" if Python knows no source)."""

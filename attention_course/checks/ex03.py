@@ -20,7 +20,7 @@ from attention_course.checks.attention_family import DTYPES, Sizes
 from attention_course.checks.engine import Call, Check, FromScratch, Part, behaviour, describe, fail, shapes
 from attention_course.device import seeded_generator
 
-engine.meta_ready()  # when the set-up cell imports the checks, so that no test cell waits for it
+engine.meta_ready_in_a_notebook()  # the set-up cell imports the checks: no test cell waits for it
 
 # likely causes and notes by name; "<mask> <axes>": of a wrong shape; "<function> raised <patterns>": errors
 TEXT = engine.table("""

@@ -183,7 +183,7 @@ def _named_dtype(fn: Any, **arguments: Any) -> Any:
 
 DTYPED = Driver(_named_dtype)
 META = torch.device("meta")
-meta_ready()  # when the set-up cell imports the checks, so that no test cell waits for it
+engine.meta_ready_in_a_notebook()  # the set-up cell imports the checks: no test cell waits for it
 
 
 def dtype_of(name: str) -> torch.dtype:
