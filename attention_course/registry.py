@@ -1,9 +1,9 @@
 """The course's assignments: for each, its reference solutions, its checks, its bank and its grade cells.
 
 Everything else is derived from this table: the grade cells of an assignment are the behaviours of its
-checks module (:attr:`Assignment.behaviours`, in notebook order); the modules that hold answers, which a
-learner's function may neither be nor call, are ``solutions`` and the library modules that the reference
-modules re-export (``solutions.<topic>`` re-exports ``attention_course.<topic>``, see DESIGN.md).
+checks module (:func:`attention_course.checks.engine.behaviours`, in notebook order); the modules that hold
+answers, which a learner's function may neither be nor call, are ``solutions`` and the library modules that
+the reference modules re-export (``solutions.<topic>`` re-exports ``attention_course.<topic>``; DESIGN.md).
 
 The layout is the one of ``nbgrader_config.py``: the source notebook of assignment ``<id>`` is
 ``solutions/<id>/<id>.ipynb`` and its release ``exercises/<id>/<id>.ipynb``.
@@ -47,19 +47,6 @@ class Assignment:
         """The library module that the reference module re-exports (it holds the same answers)."""
         return "attention_course." + self.reference.removeprefix(
             SOURCE_DIRECTORY + "."
-        )
-
-    def behaviours(self) -> tuple[Any, ...]:
-        """The behaviours of the test cells: those the checks module defines, in the order it defines them,
-        which is the notebook's order (imports the checks module, and torch)."""
-        # the engine imports this module
-        from attention_course.checks.engine import Behaviour
-
-        found = vars(importlib.import_module(self.checks)).values()
-        return tuple(
-            b
-            for b in found
-            if isinstance(b, Behaviour) and b.module == self.checks
         )
 
     def source(self, root: Path) -> Path:

@@ -24,6 +24,7 @@ from types import ModuleType
 import nbformat
 from nbformat import NotebookNode
 
+from attention_course.checks import engine
 from attention_course.checks.engine import Behaviour, CheckFailure
 from attention_course.grading import seals, split
 from attention_course.grading.recorder import Recorder
@@ -97,7 +98,7 @@ def load_exercise(assignment_id: str) -> Exercise:
     """Read the source notebook of ``assignment_id``; its test cells must be the registry's behaviours."""
     assignment = ASSIGNMENTS[assignment_id]
     notebook = nbformat.read(assignment.source(ROOT), as_version=4)
-    behaviours = {behaviour.name: behaviour for behaviour in assignment.behaviours()}
+    behaviours = {behaviour.name: behaviour for behaviour in engine.behaviours(assignment)}
     setup, functions, tests = [], [], []
     for cell in notebook.cells:
         if cell.cell_type != "code":
@@ -204,8 +205,8 @@ def split_verdict(plans: split.Plans, cell: TestCell, fn: Callable) -> CheckFail
         session, key = Path(scratch), secrets.token_bytes(32)
         split.write_inputs(plans, session / "inputs", names={cell.grade_id})
         recorder = Recorder(session, generation=0)
-        recorder.record(cell.behaviour, False, fn)
-        recorder.record(cell.behaviour, True, fn)
+        recorder.run(cell.behaviour, fn, hidden=False)
+        recorder.run(cell.behaviour, fn, hidden=True)
         seals.seal(session, 0, key)  # as the worker does when a test cell ends
         return split.judge_cell(plans, cell.grade_id, session, key, cell=0)
 

@@ -196,7 +196,7 @@ def test_bank(assignment):
 def test_test_cells_are_the_registry_behaviours(assignment):
     """The registry names the grade cells: the notebook's test cells are its behaviours, in order."""
     exercise = EXERCISES[assignment]
-    behaviours = REGISTERED[assignment].behaviours()
+    behaviours = engine.behaviours(REGISTERED[assignment])
     assert [cell.behaviour for cell in exercise.tests] == list(behaviours)
     assert set(exercise.functions) == {behaviour.function for behaviour in behaviours}
     assert set(reference_sources(exercise)) == set(exercise.functions)

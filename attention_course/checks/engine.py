@@ -11,6 +11,7 @@ and the grader's own process judges (:mod:`attention_course.grading.split`), nev
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import hashlib
@@ -23,7 +24,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import torch
 
@@ -33,8 +34,6 @@ from attention_course.device import default_device, is_accelerator_fault, seeded
 # the profiler's switches, taken when the checks are imported (before a learner's cell can replace them)
 _SETPROFILE, _GETPROFILE = sys.setprofile, sys.getprofile
 _FIND_AND_LOAD = importlib._bootstrap._find_and_load.__code__  # every import goes through it
-# the recorder that attention-grade installs in a kernel, before any cell runs: then behaviours record
-RECORDER: list[Any] = []
 ACCELERATOR_NOTE = (
     "{function} caused an accelerator error (on CUDA, often an index out of range): this process cannot use "
     "the GPU any more. Fix the cause, then restart the kernel."
@@ -736,17 +735,7 @@ class Behaviour:
     def _run(
         self, fn: Callable[..., Any], *, hidden: bool, reference: Callable[..., Any] | None = None
     ) -> None:
-        if RECORDER:
-            RECORDER[0].record(self, hidden, fn)
-            return
-        if hidden and reference is None:
-            reference = registry.reference_function(self.module, self.function)
-        judge_learner(inspect_learner(fn), self.function)
-        seed = 0
-        for check in self.checks(self.part(hidden=hidden, reference=reference)):  # the first failure stops
-            outcomes = [execute(fn, call, seed + i, self.driver) for i, call in enumerate(check.calls)]
-            seed += len(check.calls)
-            check.verdict(outcomes, self.hints)
+        RUNNER.get().run(self, fn, hidden=hidden, reference=reference)
 
     def judge(self, checks: Sequence[Check], learner: Learner, outcomes: Sequence[Outcome]) -> None:
         """Judge recorded ``outcomes`` of the calls of ``checks`` (split mode, in the grader's process)."""
@@ -757,6 +746,55 @@ class Behaviour:
         for check in checks:
             check.verdict(outcomes[start : start + len(check.calls)], self.hints)
             start += len(check.calls)
+
+
+class Runner(Protocol):
+    """How a test cell runs a behaviour's part on a learner's function: :class:`Direct` (call and judge here),
+    or ``attention-grade``'s recorder in a kernel (call here, judge in the grader's process)."""
+
+    def run(
+        self,
+        behaviour: Behaviour,
+        fn: Callable[..., Any],
+        *,
+        hidden: bool,
+        reference: Callable[..., Any] | None = None,
+    ) -> None: ...
+
+
+class Direct:
+    """Call ``fn`` on the part's inputs and judge the outcomes in this process, the first failure raising
+    :class:`CheckFailure`: a learner's visible checks, ``nbgrader autograde``, ``--mode together``."""
+
+    def run(
+        self,
+        behaviour: Behaviour,
+        fn: Callable[..., Any],
+        *,
+        hidden: bool,
+        reference: Callable[..., Any] | None = None,
+    ) -> None:
+        if hidden and reference is None:
+            reference = registry.reference_function(behaviour.module, behaviour.function)
+        judge_learner(inspect_learner(fn), behaviour.function)
+        seed = 0
+        for check in behaviour.checks(behaviour.part(hidden=hidden, reference=reference)):
+            outcomes = [execute(fn, call, seed + i, behaviour.driver) for i, call in enumerate(check.calls)]
+            seed += len(check.calls)
+            check.verdict(outcomes, behaviour.hints)  # the first failure stops
+
+
+DIRECT = Direct()  # it holds no state
+# the runner of every test cell in this context: attention-grade's recorder sets its own in a kernel before
+# any cell runs (attention_course.grading.recorder.start); a context variable: a test may set one for a block
+RUNNER: contextvars.ContextVar[Runner] = contextvars.ContextVar("attention_course_runner", default=DIRECT)
+
+
+def behaviours(assignment: registry.Assignment) -> tuple[Behaviour, ...]:
+    """The behaviours of ``assignment``'s test cells: those its checks module defines, in the order it defines
+    them, which is the notebook's order (imports the checks module)."""
+    found = vars(importlib.import_module(assignment.checks)).values()
+    return tuple(b for b in found if isinstance(b, Behaviour) and b.module == assignment.checks)
 
 
 def behaviour(

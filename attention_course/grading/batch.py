@@ -18,6 +18,7 @@ from pathlib import Path
 import nbformat
 
 from attention_course.grading.notebooks import score
+from attention_course.grading.options import Mode
 from attention_course.grading.sandbox import DEFAULT_LIMITS, Limits, Sandbox, solutions_folder
 from attention_course.grading.submission import Job, SubmissionResult, assignment_context, grade_submission
 
@@ -85,12 +86,13 @@ def grade(
     root: Path,
     limits: Limits = DEFAULT_LIMITS,
     jobs: int = 2,
-    mode: str = "split",
+    mode: Mode | str = Mode.SPLIT,
     on_result: Callable[[SubmissionResult], None] | None = None,
 ) -> list[SubmissionResult]:
     """Grade ``{student: notebook}`` on ``jobs`` threads sharing a sandbox of ``jobs`` slots (locally)."""
+    mode = Mode(mode)
     batch = [Job(assignment_id, student, path, root, limits, mode) for student, path in submissions.items()]
-    solutions = solutions_folder(root) if mode == "together" else None
+    solutions = solutions_folder(root) if mode.shows_solutions else None
     with (
         Sandbox(max_slots=jobs, solutions=solutions, limits=limits) as sandbox,
         ThreadPoolExecutor(max_workers=jobs) as executor,

@@ -28,6 +28,7 @@ batch on an executor), :mod:`~attention_course.grading.cluster` (the executor: t
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import unicodedata
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attention_course.grading.options import add_options, limits_of, mode_of
 from attention_course.registry import ASSIGNMENTS, course_root
 
 
@@ -139,28 +141,13 @@ def find_submissions(paths: Sequence[Path], assignment_id: str) -> dict[str, Pat
 
 
 def parser() -> argparse.ArgumentParser:
-    from attention_course.grading.sandbox import Limits
-
     parser = argparse.ArgumentParser(prog="attention-grade", description=__doc__.split("\n\n")[0])
     parser.add_argument("assignment", choices=sorted(ASSIGNMENTS), help="the assignment id")
     parser.add_argument("submissions", nargs="+", type=Path, help="notebooks, or folders to search for them")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default grading-report/<id>)")
     parser.add_argument("--course", type=Path, default=None, help="course directory (default: this course)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="submissions graded at once")
-    parser.add_argument("--cell-timeout", type=int, default=Limits.cell_timeout, help="seconds per cell")
-    parser.add_argument("--timeout", type=int, default=Limits.timeout, help="seconds per submission")
-    parser.add_argument(
-        "--memory", type=int, default=Limits.memory_mib, help="MiB per submission (0: no limit)"
-    )
-    parser.add_argument(
-        "--processes", type=int, default=Limits.processes, help="processes and threads per submission"
-    )
-    parser.add_argument(
-        "--mode",
-        choices=("split", "together"),
-        default="split",
-        help="split (default): test cells judged in this process; together: in the kernel, as nbgrader",
-    )
+    add_options(parser.add_argument)  # --mode, and each of Limits' fields
     parser.add_argument(
         "--scheduler",
         default=None,
@@ -194,7 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # notebook schema uses that format, and jsonschema does without the module
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
     from attention_course.grading.command import Request, UsageError, run
-    from attention_course.grading.sandbox import Limits
 
     arguments = parser().parse_args(argv)
     root = course_root(arguments.course)
@@ -211,8 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         root=root,
         out=arguments.out or root / "grading-report" / arguments.assignment,
         jobs=max(1, arguments.jobs),
-        limits=Limits(arguments.cell_timeout, arguments.timeout, arguments.memory, arguments.processes),
-        mode=arguments.mode,
+        limits=limits_of(functools.partial(getattr, arguments)),
+        mode=mode_of(functools.partial(getattr, arguments)),
         scheduler=arguments.scheduler,
         gradebook=arguments.gradebook,
         formats=tuple(arguments.format),

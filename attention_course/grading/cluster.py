@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attention_course.grading.options import Mode
 from attention_course.grading.sandbox import Limits, Sandbox, solutions_folder
 
 if TYPE_CHECKING:  # (imported when a backend starts: a local sandbox starts first, then torch is imported)
@@ -67,7 +68,7 @@ def _worker_isolation() -> str:
 
 @contextlib.contextmanager
 def backend(
-    scheduler: str | None, *, jobs: int, limits: Limits, mode: str, root: Path, submissions: int
+    scheduler: str | None, *, jobs: int, limits: Limits, mode: Mode, root: Path, submissions: int
 ) -> Iterator[Backend]:
     """The backend for ``scheduler`` (``None``, ``local:N`` or a Dask scheduler's address), closed on exit.
 
@@ -76,7 +77,7 @@ def backend(
     ``distributed.Client`` raises when the scheduler cannot be reached (``OSError``, ``TimeoutError``).
     """
     if scheduler is None:
-        solutions = solutions_folder(root) if mode == "together" else None
+        solutions = solutions_folder(root) if mode.shows_solutions else None
         with (
             Sandbox(max_slots=jobs, solutions=solutions, limits=limits) as sandbox,
             ThreadPoolExecutor(max_workers=jobs) as executor,

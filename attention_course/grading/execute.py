@@ -220,90 +220,26 @@ def execute(
         The :class:`Execution`. It raises nothing for a broken submission; a slot whose fork server dies is
         reported as ``sandbox_lost``.
     """
-    notebook = copy.deepcopy(prepared)
-    deadline = deadline or time.monotonic() + limits.timeout
-    record = Execution(notebook)
-    work = slot.scratch
-    replaying = [False]
-
-    def on_cell_start(cell: NotebookNode, cell_index: int) -> None:
-        if session is not None:
-            seals.clear(session)  # only what a test cell writes while it runs is sealed
-
-    def on_cell_executed(cell: NotebookNode, cell_index: int, execute_reply: dict[str, Any]) -> None:
-        # the fork server answers unless a cell killed it: then no later cell counts (SandboxError)
-        slot.request("ping")
-        if session is not None and not replaying[0] and is_graded(cell):
-            seals.seal(session, cell_index, key)
-        if replaying[0]:
-            return
-        _record_reply_error(cell, execute_reply)
-        notebook.cells[cell_index] = cell
-
+    run = _Run(
+        copy.deepcopy(prepared), slot, limits, session, key, deadline or time.monotonic() + limits.timeout
+    )
+    record = run.record
     start, failed_starts = 0, 0
     while True:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= run.deadline:
             record.stopped = f"the submission was stopped at its time limit of {limits.timeout} s"
             break
-        client = _Client(
-            notebook,
-            km=kernel_manager(slot, work, limits, preload),
-            timeout=limits.cell_timeout,
-            startup_timeout=max(1, min(60, int(deadline - time.monotonic()))),
-            interrupt_on_timeout=True,
-            error_on_timeout=TIMEOUT_ERROR,
-            allow_errors=True,
-            raise_on_iopub_timeout=True,
-            shutdown_kernel="immediate",
-            extra_arguments=[
-                "--HistoryManager.hist_file=:memory:",
-                *_recorder_arguments(session, len(record.restarts)),
-            ],
-            resources={"metadata": {"path": str(work)}},
-            on_cell_start=on_cell_start,
-            on_cell_executed=on_cell_executed,
-        )
-        client.output_limit = limits.output_mib * 2**20
-        stopped: tuple[int, Exception | None] | None = None  # None: the cell faulted the kernel's GPU
+        client = run.client(preload)
         try:
             with client.setup_kernel(cleanup_kc=True):  # stop the channels and the kernel, even on a failure
-                assert client.kc is not None
-                if session is not None and not (session / f"started-{len(record.restarts)}").exists():
-                    raise RuntimeError("the recorder did not start in the kernel: split mode is off")
-                # a new kernel after a recovery: replay the definitions that ran before, keeping their outputs
-                replaying[0] = True
-                for index in (i for i in range(start) if _replayable(notebook.cells[i])):
-                    original = notebook.cells[index]
-                    try:
-                        client.execute_cell(copy.deepcopy(original), index)
-                    except (CellTimeoutError, DeadKernelError):
-                        pass  # it fails the same way again: the cells that need it will say so
-                    notebook.cells[index] = original
-                replaying[0] = False
-                for index in range(start, len(notebook.cells)):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        record.stopped = f"the submission was stopped at its time limit of {limits.timeout} s"
-                        break
-                    client.timeout = max(
-                        1, math.ceil(min(limits.cell_timeout, left))
-                    )  # never before the limit
-                    try:
-                        client.execute_cell(notebook.cells[index], index)
-                    except (CellTimeoutError, DeadKernelError) as error:
-                        stopped = (index, error)
-                        break
-                    if _faulted_accelerator(notebook.cells[index]):
-                        stopped = (index, None)
-                        break
+                run.check_recorder()
+                run.replay(client, start)
+                stopped = run.cells(client, start)
         except SandboxError:
             record.sandbox_lost = True
             record.stopped = "the sandbox's fork server died (a cell killed the grader's process)"
             break
-        except (
-            DeadKernelError,
-            RuntimeError,
-        ) as error:  # before any cell ran: the machine's fault, not a cell's
+        except (DeadKernelError, RuntimeError) as error:  # before any cell ran: the machine's fault
             failed_starts += 1
             if failed_starts <= 2 and slot.alive:
                 continue  # start another kernel for the same cells
@@ -314,12 +250,112 @@ def execute(
             record.sandbox_lost = True
             record.stopped = "the sandbox's fork server died (a cell killed the grader's process)"
             break
-        if record.stopped or stopped is None:
+        if record.stopped or stopped is None or stopped[0] >= len(run.notebook.cells):
             break
-        index, error = stopped
-        if index >= len(notebook.cells):
+        start = run.restart_after(*stopped, client.timeout)
+        # an accelerator's fault is not counted: each moves on by at least one cell, and it costs only a fork
+        if sum(restart.reason != ACCELERATOR_FAULT for restart in record.restarts) > max_restarts:
+            record.gave_up_after = stopped[0]
             break
-        cell = notebook.cells[index]
+    return record
+
+
+class _Run:
+    """The state of one :func:`execute`: the notebook as it runs, its :class:`Execution`, the steps."""
+
+    def __init__(
+        self,
+        notebook: NotebookNode,
+        slot: Slot,
+        limits: Limits,
+        session: Path | None,
+        key: bytes,
+        deadline: float,
+    ) -> None:
+        self.notebook, self.slot, self.limits = notebook, slot, limits
+        self.session, self.key, self.deadline = session, key, deadline
+        self.record = Execution(notebook)
+        self.replaying = False
+
+    def client(self, preload: tuple[str, ...]) -> _Client:
+        """A client of a new kernel, forked by the slot, recording from its first line in split mode."""
+        client = _Client(
+            self.notebook,
+            km=kernel_manager(self.slot, self.slot.scratch, self.limits, preload),
+            timeout=self.limits.cell_timeout,
+            startup_timeout=max(1, min(60, int(self.deadline - time.monotonic()))),
+            interrupt_on_timeout=True,
+            error_on_timeout=TIMEOUT_ERROR,
+            allow_errors=True,
+            raise_on_iopub_timeout=True,
+            shutdown_kernel="immediate",
+            extra_arguments=[
+                "--HistoryManager.hist_file=:memory:",
+                *_recorder_arguments(self.session, len(self.record.restarts)),
+            ],
+            resources={"metadata": {"path": str(self.slot.scratch)}},
+            on_cell_start=self._cell_started,
+            on_cell_executed=self._cell_executed,
+        )
+        client.output_limit = self.limits.output_mib * 2**20
+        return client
+
+    def _cell_started(self, cell: NotebookNode, cell_index: int) -> None:
+        if self.session is not None:
+            seals.clear(self.session)  # only what a test cell writes while it runs is sealed
+
+    def _cell_executed(self, cell: NotebookNode, cell_index: int, execute_reply: dict[str, Any]) -> None:
+        # the fork server answers unless a cell killed it: then no later cell counts (SandboxError)
+        self.slot.request("ping")
+        if self.session is not None and not self.replaying and is_graded(cell):
+            seals.seal(self.session, cell_index, self.key)
+        if self.replaying:
+            return
+        _record_reply_error(cell, execute_reply)
+        self.notebook.cells[cell_index] = cell
+
+    def check_recorder(self) -> None:
+        """Raises RuntimeError if split mode's recorder did not start in the new kernel."""
+        started = f"started-{len(self.record.restarts)}"
+        if self.session is not None and not (self.session / started).exists():
+            raise RuntimeError("the recorder did not start in the kernel: split mode is off")
+
+    def replay(self, client: _Client, start: int) -> None:
+        """In a new kernel after a recovery: the definitions run before ``start`` (their outputs kept)."""
+        self.replaying = True
+        try:
+            for index in (i for i in range(start) if _replayable(self.notebook.cells[i])):
+                original = self.notebook.cells[index]
+                try:
+                    client.execute_cell(copy.deepcopy(original), index)
+                except (CellTimeoutError, DeadKernelError):
+                    pass  # it fails the same way again: the cells that need it will say so
+                self.notebook.cells[index] = original
+        finally:
+            self.replaying = False
+
+    def cells(self, client: _Client, start: int) -> tuple[int, Exception | None] | None:
+        """Run the cells from ``start``; the cell that stopped the kernel and why (``None``: the cell faulted
+        the kernel's GPU), or None when every cell ran or the time ran out."""
+        for index in range(start, len(self.notebook.cells)):
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.record.stopped = (
+                    f"the submission was stopped at its time limit of {self.limits.timeout} s"
+                )
+                return None
+            client.timeout = max(1, math.ceil(min(self.limits.cell_timeout, left)))  # never before the limit
+            try:
+                client.execute_cell(self.notebook.cells[index], index)
+            except (CellTimeoutError, DeadKernelError) as error:
+                return index, error
+            if _faulted_accelerator(self.notebook.cells[index]):
+                return index, None
+        return None
+
+    def restart_after(self, index: int, error: Exception | None, timeout: int) -> int:
+        """Note on cell ``index`` why its kernel was replaced, count the restart; the next cell to run."""
+        cell = self.notebook.cells[index]
         if error is None:  # the cell has its own error output; a new process is the only way to a working GPU
             ename, evalue = ACCELERATOR_FAULT, ""
         elif isinstance(error, DeadKernelError):
@@ -327,14 +363,9 @@ def execute(
             evalue = "the kernel died while running this cell (memory limit or a crash)"
         else:
             ename = "CellTimeoutError"
-            evalue = f"the cell ran past {client.timeout} s and could not be interrupted"
+            evalue = f"the cell ran past {timeout} s and could not be interrupted"
         if evalue and cell.cell_type == "code":
             evalue += "; a new kernel ran the cells after it"
             cell.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[]))
-        record.restarts.append(Restart(index, ename))
-        start = index + 1
-        # an accelerator's fault is not counted: each moves on by at least one cell, and it costs only a fork
-        if sum(restart.reason != ACCELERATOR_FAULT for restart in record.restarts) > max_restarts:
-            record.gave_up_after = index
-            break
-    return record
+        self.record.restarts.append(Restart(index, ename))
+        return index + 1

@@ -27,7 +27,9 @@ from pathlib import Path
 import jinja2
 import markupsafe
 
+from attention_course.checks import engine
 from attention_course.grading.notebooks import CellResult
+from attention_course.grading.options import Mode
 from attention_course.grading.submission import STATUSES, SubmissionResult
 from attention_course.registry import ASSIGNMENTS
 
@@ -50,7 +52,7 @@ class Described:
 @functools.cache
 def descriptions(assignment_id: str) -> dict[str, Described]:
     """``{grade_id: Described}`` for the test cells of an assignment (its checks module's behaviours)."""
-    behaviours = ASSIGNMENTS[assignment_id].behaviours()
+    behaviours = engine.behaviours(ASSIGNMENTS[assignment_id])
     return {b.name: Described(b.description, b.function) for b in behaviours}
 
 
@@ -103,8 +105,8 @@ class CellFeedback:
         return f"{points} / {self.max_points:g}"
 
 
-def for_learner(cell: CellResult, mode: str, described: Described | None) -> CellFeedback:
-    """The feedback on ``cell`` of a submission judged in ``mode`` (``"split"`` or ``"together"``)."""
+def for_learner(cell: CellResult, mode: Mode, described: Described | None) -> CellFeedback:
+    """The feedback on ``cell`` of a submission judged in ``mode``."""
     described = described or Described("", "")
     description = described.description or ("a written answer" if cell.kind == "manual" else "")
     withheld = False
@@ -114,7 +116,7 @@ def for_learner(cell: CellResult, mode: str, described: Described | None) -> Cel
         text = "Graded by hand." if cell.status == "manual" else "The answer was left blank."
     elif cell.status == "failed" and cell.part == "hidden":
         text, withheld = hidden_failure(described, cell.raised), True
-    elif cell.status == "failed" and mode == "together":
+    elif cell.status == "failed" and not mode.judged_here:
         text, withheld = WITHHELD_TOGETHER, True
     else:  # a visible check's failure, or the grader's own reason (not run, timeout, stderr)
         text = cell.message

@@ -38,7 +38,7 @@ def _visible_check(result: SubmissionResult, feedback: CellFeedback) -> tuple[st
     failed in together mode, where both parts ran in the learner's kernel)."""
     if feedback.passed or feedback.part == "hidden":
         return "passed", "The visible check passed."
-    if result.mode == "together" and feedback.status == "failed":
+    if not result.mode.judged_here and feedback.status == "failed":
         return None
     return "failed", feedback.text
 

@@ -35,9 +35,10 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbformat import NotebookNode
@@ -154,6 +155,63 @@ def submission_timestamp(result: SubmissionResult) -> datetime.datetime | None:
         return None
 
 
+class _Database:
+    """nbgrader's gradebook at ``url``: opened for each write, under an advisory lock on PostgreSQL (SQLite's
+    own locking serialises its writers), a write tried again after a database error."""
+
+    def __init__(self, url: str, course_id: str) -> None:
+        from sqlalchemy import create_engine
+
+        self.url, self.course_id = url, course_id
+        self._lock_engine = create_engine(url) if url.startswith("postgresql") else None
+
+    def close(self) -> None:
+        if self._lock_engine is not None:
+            self._lock_engine.dispose()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self._lock_engine is None:
+            yield
+            return
+        from sqlalchemy import text
+
+        with self._lock_engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": LOCK_KEY})
+            try:
+                yield
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": LOCK_KEY})
+
+    def retrying(self, write: Callable[[], None]) -> None:
+        """Run ``write`` under the lock; again after a database error (a conflict, a locked SQLite file).
+
+        Raises:
+            GradebookError: after the last attempt.
+        """
+        from nbgrader.api import InvalidEntry
+        from sqlalchemy.exc import SQLAlchemyError
+
+        for attempt in range(ATTEMPTS):
+            try:
+                with self._locked():
+                    write()
+                return
+            except (SQLAlchemyError, InvalidEntry) as error:
+                if attempt == ATTEMPTS - 1:
+                    raise GradebookError(f"the gradebook could not be written: {error}") from error
+                time.sleep(0.05 * 2**attempt)
+
+    def open(self):
+        """nbgrader's ``Gradebook`` (a context manager)."""
+        from nbgrader.api import Gradebook
+
+        # nbgrader stamps a new gradebook with `alembic heads`, found on PATH: beside this Python, venv or not
+        if shutil.which("alembic") is None:
+            os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return Gradebook(self.url, self.course_id)
+
+
 class GradebookWriter:
     """Records graded submissions of one assignment into nbgrader's gradebook and autograded folder.
 
@@ -179,14 +237,11 @@ class GradebookWriter:
         course_id: str = "default_course",
         course_root: Path | None = None,
     ) -> None:
-        from sqlalchemy import create_engine
-
         self.url, self.assignment_id, self.master = with_driver(url), assignment_id, master
         self.course_id, self.course_root = course_id, course_root
         self.solution_of = _defining_cells(master)
-        postgresql = self.url.startswith("postgresql")
-        self._lock_engine = create_engine(self.url) if postgresql else None
-        self._retrying(self._set_up)
+        self._database = _Database(self.url, course_id)
+        self._database.retrying(self._set_up)
 
     @property
     def shown_url(self) -> str:
@@ -196,8 +251,7 @@ class GradebookWriter:
         return make_url(self.url).render_as_string(hide_password=True)
 
     def close(self) -> None:
-        if self._lock_engine is not None:
-            self._lock_engine.dispose()
+        self._database.close()
 
     def __enter__(self) -> GradebookWriter:
         return self
@@ -205,76 +259,38 @@ class GradebookWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold the gradebook's advisory lock (PostgreSQL; SQLite's own locking serialises its writers)."""
-        if self._lock_engine is None:
-            yield
-            return
-        from sqlalchemy import text
-
-        with self._lock_engine.connect() as connection:
-            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": LOCK_KEY})
-            try:
-                yield
-            finally:
-                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": LOCK_KEY})
-
-    def _retrying(self, write) -> None:
-        """Run ``write`` under the lock; again after a database error (a conflict, a locked SQLite file)."""
-        from nbgrader.api import InvalidEntry
-        from sqlalchemy.exc import SQLAlchemyError
-
-        for attempt in range(ATTEMPTS):
-            try:
-                with self._locked():
-                    write()
-                return
-            except (SQLAlchemyError, InvalidEntry) as error:
-                if attempt == ATTEMPTS - 1:
-                    raise GradebookError(f"the gradebook could not be written: {error}") from error
-                time.sleep(0.05 * 2**attempt)
-
-    def _gradebook(self):
-        from nbgrader.api import Gradebook
-
-        # nbgrader stamps a new gradebook with `alembic heads`, found on PATH: beside this Python, venv or not
-        if shutil.which("alembic") is None:
-            os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        return Gradebook(self.url, self.course_id)
-
     def _set_up(self) -> None:
         """Record the assignment as ``generate_assignment`` does, unless the gradebook has it; check it."""
-        from nbgrader.api import MissingEntry
-        from nbgrader.preprocessors import SaveCells
-
-        with self._gradebook() as gradebook:
-            try:
-                notebook = gradebook.find_notebook(self.assignment_id, self.assignment_id)
-            except MissingEntry:
-                gradebook.update_or_create_assignment(self.assignment_id)
-                notebook = None
-            recorded = None if notebook is None else {c.name: c.max_score for c in notebook.grade_cells}
+        recorded = self._recorded_cells()
         expected = {
             _grade_id(cell): float(cell.metadata.nbgrader["points"])
             for cell in self.master.cells
             if cell.metadata.get("nbgrader", {}).get("grade")
         }
         if recorded is None:
-            resources = {
-                "nbgrader": {
-                    "notebook": self.assignment_id,
-                    "assignment": self.assignment_id,
-                    "db_url": self.url,
-                }
-            }
-            SaveCells().preprocess(copy.deepcopy(self.master), resources)
+            from nbgrader.preprocessors import SaveCells
+
+            nbgrader = {"notebook": self.assignment_id, "assignment": self.assignment_id, "db_url": self.url}
+            SaveCells().preprocess(copy.deepcopy(self.master), {"nbgrader": nbgrader})
         elif recorded != expected:
             raise GradebookError(
                 f"the gradebook's {self.assignment_id} has the grade cells {recorded}, but the source "
                 f"notebook has {expected}: run `nbgrader generate_assignment {self.assignment_id}` (or use "
                 "another gradebook)"
             )
+
+    def _recorded_cells(self) -> dict[str, float] | None:
+        """``{grade id: points}`` of the gradebook's copy of the assignment; None (and the assignment
+        created) if it has none."""
+        from nbgrader.api import MissingEntry
+
+        with self._database.open() as gradebook:
+            try:
+                notebook = gradebook.find_notebook(self.assignment_id, self.assignment_id)
+            except MissingEntry:
+                gradebook.update_or_create_assignment(self.assignment_id)
+                return None
+            return {c.name: c.max_score for c in notebook.grade_cells}
 
     def record(self, result: SubmissionResult) -> bool:
         """Record one graded submission; ``False`` (nothing written) for a grader error, whose grades are
@@ -287,52 +303,31 @@ class GradebookWriter:
             return False
         notebook = autograded_notebook(result) if result.notebook is not None else None
         if notebook is not None and self.course_root is not None:
-            folder = Course(self.url, self.course_id, self.course_root).autograded(
-                result.student, self.assignment_id
-            )
-            _write_atomically(folder / f"{self.assignment_id}.ipynb", notebook)
-            timestamp = submission_timestamp(result)
-            if timestamp is not None:  # written from the parsed time, never copied from the learner's file
-                (folder / "timestamp.txt").write_text(f"{timestamp:%Y-%m-%d %H:%M:%S.%f} UTC")
-        self._retrying(lambda: self._write(result, notebook))
+            self._write_autograded(result, notebook)
+        self._database.retrying(lambda: self._write(result, notebook))
         return True
 
-    def _write(self, result: SubmissionResult, notebook: NotebookNode | None) -> None:
-        from nbgrader import utils
+    def _write_autograded(self, result: SubmissionResult, notebook: NotebookNode) -> None:
+        """``autograded/<student>/<id>/``: the executed notebook and the submission's time, as nbgrader."""
+        course = Course(self.url, self.course_id, self.course_root)
+        folder = course.autograded(result.student, self.assignment_id)
+        _write_atomically(folder / f"{self.assignment_id}.ipynb", notebook)
+        timestamp = submission_timestamp(result)
+        if timestamp is not None:  # written from the parsed time, never copied from the learner's file
+            (folder / "timestamp.txt").write_text(f"{timestamp:%Y-%m-%d %H:%M:%S.%f} UTC")
 
+    def _write(self, result: SubmissionResult, notebook: NotebookNode | None) -> None:
+        """The submission's grades and comments, in one transaction; checked after it."""
         timestamp = submission_timestamp(result)
         fields = {"timestamp": timestamp} if timestamp is not None else {}
-        feedback = {cell.grade_id: cell for cell in cells_for_learner(result)}
-        with warnings.catch_warnings(), self._gradebook() as gradebook:
+        with warnings.catch_warnings(), self._database.open() as gradebook:
             # nbgrader's add_submission builds its rows in an order SQLAlchemy warns about (harmlessly)
             warnings.filterwarnings("ignore", "Object of type", module="nbgrader")
             gradebook.update_or_create_student(result.student)
             gradebook.update_or_create_submission(self.assignment_id, result.student, **fields)
-            for cell in result.cells:  # nbgrader's SaveAutoGrades: manual review where no automatic score
-                grade = gradebook.find_grade(
-                    cell.grade_id, self.assignment_id, self.assignment_id, result.student
-                )
-                grade.auto_score = cell.points
-                grade.needs_manual_grade = grade.manual_score is not None or cell.points is None
-            comments: dict[str, list[str]] = {}
-            for cell in feedback.values():  # the feedback on a test cell goes to the solution cell it tests
-                tested = self.solution_of.get(_function(result.assignment, cell.grade_id))
-                if cell.kind == "auto" and not cell.passed and tested:
-                    comments.setdefault(tested, []).append(
-                        f"{cell.grade_id} ({cell.points_text}): {cell.text}"
-                    )
+            self._write_grades(gradebook, result)
             if notebook is not None:  # (nbgrader leaves a missing notebook's comments as they are)
-                submitted = {_grade_id(cell): cell for cell in notebook.cells if _grade_id(cell)}
-                for name in {_grade_id(cell) for cell in self.master.cells if utils.is_solution(cell)}:
-                    comment = gradebook.find_comment(
-                        name, self.assignment_id, self.assignment_id, result.student
-                    )
-                    cell = submitted.get(name)
-                    # nbgrader's SaveAutoGrades: "No response." for a solution cell left as released
-                    if cell is not None and _unchanged(cell) and not utils.is_task(cell):
-                        comment.auto_comment = "No response."
-                    else:
-                        comment.auto_comment = "\n\n".join(comments[name]) if name in comments else None
+                self._write_comments(gradebook, result, notebook)
             gradebook.db.commit()
             written = {
                 grade.name: grade.auto_score
@@ -343,6 +338,33 @@ class GradebookWriter:
         expected = {cell.grade_id: cell.points for cell in result.cells}
         if written != expected:  # the gradebook holds another cell set: it was changed while we wrote
             raise GradebookError(f"{result.student}: the gradebook holds {written}, not {expected}")
+
+    def _write_grades(self, gradebook: Any, result: SubmissionResult) -> None:
+        """nbgrader's SaveAutoGrades: each cell's automatic score; manual review where it has none."""
+        assignment, student = self.assignment_id, result.student
+        for cell in result.cells:
+            grade = gradebook.find_grade(cell.grade_id, assignment, assignment, student)
+            grade.auto_score = cell.points
+            grade.needs_manual_grade = grade.manual_score is not None or cell.points is None
+
+    def _write_comments(self, gradebook: Any, result: SubmissionResult, notebook: NotebookNode) -> None:
+        """The feedback on each failed test cell, as the comment of the solution cell it tests; "No
+        response." for a solution cell left as released (nbgrader's SaveAutoGrades)."""
+        from nbgrader import utils
+
+        comments: dict[str, list[str]] = {}
+        for cell in {c.grade_id: c for c in cells_for_learner(result)}.values():
+            tested = self.solution_of.get(_function(result.assignment, cell.grade_id))
+            if cell.kind == "auto" and not cell.passed and tested:
+                comments.setdefault(tested, []).append(f"{cell.grade_id} ({cell.points_text}): {cell.text}")
+        submitted = {_grade_id(cell): cell for cell in notebook.cells if _grade_id(cell)}
+        for name in {_grade_id(cell) for cell in self.master.cells if utils.is_solution(cell)}:
+            comment = gradebook.find_comment(name, self.assignment_id, self.assignment_id, result.student)
+            cell = submitted.get(name)
+            if cell is not None and _unchanged(cell) and not utils.is_task(cell):
+                comment.auto_comment = "No response."
+            else:
+                comment.auto_comment = "\n\n".join(comments[name]) if name in comments else None
 
 
 def with_driver(url: str) -> str:

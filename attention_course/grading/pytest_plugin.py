@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from attention_course.grading.options import add_options, limits_of, mode_of
+
 if TYPE_CHECKING:
     from attention_course.grading.notebooks import CellResult
     from attention_course.grading.submission import SubmissionResult
@@ -49,12 +51,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--grade-jobs", type=int, default=os.cpu_count() or 1, help="submissions graded at once (locally)"
     )
-    group.addoption(
-        "--grade-mode",
-        choices=("split", "together"),
-        default="split",
-        help="split: test cells judged outside the kernel (default); together: in it, as nbgrader",
-    )
+    add_options(group.addoption, prefix="grade-")  # --grade-mode, and each of Limits' fields
     group.addoption(
         "--grade-scheduler",
         metavar="ADDRESS",
@@ -167,10 +164,10 @@ class Grading:
 
     def _grade(self, chosen: dict[Path, str]) -> None:
         from attention_course.grading import cluster
-        from attention_course.grading.sandbox import Limits
 
         try:
-            limits, mode = Limits(), self.config.getoption("grade_mode")
+            get = self.config.getoption
+            limits, mode = limits_of(get, prefix="grade-"), mode_of(get, prefix="grade-")
             with cluster.backend(
                 self.config.getoption("grade_scheduler"),
                 jobs=max(1, self.config.getoption("grade_jobs")),

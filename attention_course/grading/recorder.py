@@ -204,14 +204,16 @@ class _NoSolutions(importlib.abc.MetaPathFinder):
 
 
 class Recorder:
-    """Records the calls of the test cells of a kernel that ``attention-grade`` started."""
+    """The runner (:class:`~attention_course.checks.engine.Runner`) of the test cells of a kernel that
+    ``attention-grade`` started: it records the calls, and the grader's process judges them."""
 
     def __init__(self, folder: Path, generation: int) -> None:
         self.folder, self.generation = folder, generation
         self._busy, self._nested = False, False
 
-    def record(self, behaviour: Any, hidden: bool, fn: Any) -> None:
-        """Call ``fn`` on the inputs of ``behaviour``'s part; write what came back to the incoming folder."""
+    def run(self, behaviour: Any, fn: Any, *, hidden: bool, reference: Any = None) -> None:
+        """Call ``fn`` on the inputs of ``behaviour``'s part and write what came back to the incoming folder
+        (``reference``: ignored, the grader's process holds it)."""
         part = "hidden" if hidden else "visible"
         if self._busy:  # a check called from inside the learner's function: the outer recording says so
             self._nested = True
@@ -251,7 +253,7 @@ def start(folder: str, generation: int = 0) -> None:
     sys.meta_path.insert(0, _NoSolutions())
     for name in [name for name in sys.modules if name == "solutions" or name.startswith("solutions.")]:
         del sys.modules[name]
-    engine.RECORDER[:] = [Recorder(session, generation)]
+    engine.RUNNER.set(Recorder(session, generation))
     (session / f"started-{generation}").touch()
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import nbformat
 
+from attention_course.checks import engine
 from attention_course.registry import ASSIGNMENTS, SOURCE_DIRECTORY, Assignment, course_root
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -271,7 +272,7 @@ def synced_notebook(
     module = importlib.import_module(assignment.reference)
     if notebook is None:
         notebook = nbformat.read(assignment.source(root), as_version=4)
-    behaviours = list(assignment.behaviours())
+    behaviours = list(engine.behaviours(assignment))
     changed = _restructure(notebook, behaviours)
     tests = [
         cell

@@ -54,6 +54,8 @@ import psutil
 from jupyter_client import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
 
+from attention_course.grading.options import Limits
+
 #: variables of the grader's environment that reach the kernel (with fixed values or the grader's own)
 ALLOWED_ENVIRONMENT = ("LANG", "LC_ALL", "TZ", "ATTENTION_COURSE_DEVICE", "CUDA_VISIBLE_DEVICES")
 #: files and folders of /etc that Python, PyTorch and matplotlib read
@@ -77,29 +79,6 @@ STARTUP_SECONDS = 120  # a fork server that is not ready after this long is aban
 
 class SandboxError(RuntimeError):
     """The sandbox could not start or lost its fork server (not the submission's fault, unless it says so)."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of one submission.
-
-    Attributes:
-        cell_timeout: seconds one cell may run before it is interrupted (nbgrader's ``Execute.timeout``).
-        timeout: seconds the whole submission may take, kernel start included.
-        memory_mib: memory the kernel may allocate beyond what it starts with (``RLIMIT_DATA``), in MiB;
-            0 for no limit.
-        processes: processes and threads the kernel may have at once beyond its own (``RLIMIT_NPROC`` in
-            the slot's user namespace): a fork bomb fails with ``BlockingIOError``.
-        file_mib: the largest file the kernel may write, in MiB (``RLIMIT_FSIZE``).
-        output_mib: text a cell may print before the rest is cut (the notebook stays small).
-    """
-
-    cell_timeout: int = 30
-    timeout: int = 300
-    memory_mib: int = 4096
-    processes: int = 64
-    file_mib: int = 256
-    output_mib: int = 1
 
 
 DEFAULT_LIMITS = Limits()

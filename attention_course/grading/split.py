@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from attention_course.checks import engine
 from attention_course.checks.engine import Behaviour, Check, CheckFailure, Learner, Outcome
 from attention_course.grading import seals
 from attention_course.grading.recorder import FORMAT, RecordingError, decode_outcome, load, write_calls
@@ -44,7 +45,7 @@ def reference_module(assignment: Assignment, root: Path) -> Any:
 def make_plans(assignment: Assignment, reference: Any = None) -> Plans:
     """Build the checks of every behaviour of ``assignment`` (``reference``: its reference module)."""
     reference = reference or importlib.import_module(assignment.reference)
-    behaviours = {behaviour.name: behaviour for behaviour in assignment.behaviours()}
+    behaviours = {behaviour.name: behaviour for behaviour in engine.behaviours(assignment)}
     checks = {}
     for name, behaviour in behaviours.items():
         for part in PARTS:

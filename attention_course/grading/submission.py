@@ -37,6 +37,7 @@ from attention_course.grading.notebooks import (
     recover_metadata,
     score,
 )
+from attention_course.grading.options import Mode
 from attention_course.grading.review import Finding, review
 from attention_course.grading.sandbox import (
     DEFAULT_LIMITS,
@@ -74,7 +75,7 @@ class Job:
         path: the submitted notebook.
         root: the course directory (its ``solutions/`` holds the source notebook and the reference).
         limits: the sandbox's limits.
-        mode: ``"split"`` (test cells judged in this process) or ``"together"`` (in the kernel, as nbgrader).
+        mode: how the test cells are judged (:class:`~attention_course.grading.options.Mode`).
         content: the notebook's bytes, read where the job was made, for a process that cannot read ``path``
             (a worker on another machine); ``None``: the grading process reads ``path``.
     """
@@ -84,7 +85,7 @@ class Job:
     path: Path
     root: Path
     limits: Limits = DEFAULT_LIMITS
-    mode: str = "split"
+    mode: Mode = Mode.SPLIT
     content: bytes | None = field(default=None, repr=False)
 
 
@@ -105,12 +106,13 @@ class SubmissionResult:
     message: str = ""
     warnings: list[str] = field(default_factory=list)
     assignment: str = ""
-    mode: str = "split"
+    mode: Mode = Mode.SPLIT
     notebook: nbformat.NotebookNode | None = field(default=None, repr=False)
     review: list[str] = field(default_factory=list)  # lines an instructor should read (grading.review)
 
     def __post_init__(self) -> None:
         self.message, self.warnings = clean_text(self.message), [clean_text(w) for w in self.warnings]
+        self.mode = Mode(self.mode)  # (a result read back from JSON names it)
 
     @property
     def score(self) -> float:
@@ -152,7 +154,7 @@ _contexts: dict[tuple[str, Path, str], AssignmentContext] = {}
 _contexts_lock = threading.Lock()
 
 
-def assignment_context(assignment_id: str, root: Path, mode: str) -> AssignmentContext:
+def assignment_context(assignment_id: str, root: Path, mode: Mode) -> AssignmentContext:
     """The master notebook and, in split mode, the plans and their inputs (cached for the process)."""
     key = (assignment_id, root.resolve(), mode)
     with _contexts_lock:
@@ -160,7 +162,7 @@ def assignment_context(assignment_id: str, root: Path, mode: str) -> AssignmentC
             assignment = ASSIGNMENTS[assignment_id]
             source = assignment.source(root)
             plans = inputs = None
-            if mode == "split":
+            if mode.judged_here:
                 plans = split.make_plans(assignment, split.reference_module(assignment, root))
                 inputs = owned_folder("grade-inputs-")
                 atexit.register(release_folder, inputs)
@@ -297,8 +299,8 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
         return result("unreadable", cells, f"{type(error).__name__}: {str(error)[:500]}")
     # split mode's guarantee: calls that the kernel's profiler may not see are read in the code (together
     # mode judges as nbgrader does, in the kernel, and nothing more)
-    findings = review(prepared) if job.mode == "split" else []
-    solutions = solutions_folder(job.root) if job.mode == "together" else None
+    findings = review(prepared) if job.mode.judged_here else []
+    solutions = solutions_folder(job.root) if job.mode.shows_solutions else None
     sandbox = sandbox or default_sandbox(solutions, job.limits)
     key = secrets.token_bytes(32)
     private = owned_folder("grade-recordings-")  # outside every sandbox
