@@ -8,7 +8,6 @@ the attention family's core mistakes inside each head.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,10 +15,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from attention_course.checks import attention_family as family
 from attention_course.checks import engine
+from attention_course.checks import module_family as mf
 from attention_course.checks.attention_family import QKV, Variant
 from attention_course.checks.engine import (
     Call,
@@ -33,6 +32,7 @@ from attention_course.checks.engine import (
     fail,
     randn,
 )
+from attention_course.checks.module_family import Sizes
 
 HINTS = family.exception_hints("""
 shape '[ | is invalid for input of size: the sizes given to view()/reshape() do not multiply to the
@@ -64,12 +64,8 @@ merge errors: check x.dim() == 4 first and raise ValueError: a [batch, len, d_mo
     merged) would otherwise be transposed and flattened into nonsense without an error
 dtype kept: the result must keep the dtype of its input: a tensor made with torch.zeros/torch.empty (float32
     by default) and filled changes it: pass dtype=x.dtype and device=x.device, or use view/transpose/reshape
-module dtype: the weights and the output keep the dtype of the query: a .double()/.float() inside (for a
-    stable softmax, say) must be undone with .to(query.dtype) on every result, the weights too
 module n_heads: check in __init__ that n_heads divides d_model and raise ValueError, before the projections:
     otherwise the module only fails later in forward, with a RuntimeError of view()
-module mask dtype: check mask.dtype != torch.bool first and raise TypeError: a 0/1 integer or float mask
-    would be accepted by `mask == 0` or logical_not(), and ~ of an integer mask is no mask at all
 load errors: load_torch_weights raises ValueError when torch_mha does not fit the module: another n_heads
     (the copies succeed, but every head gets the wrong columns) or biases on one side only; compare
     torch_mha.num_heads and torch_mha.in_proj_bias is None with the module's first
@@ -80,7 +76,7 @@ entropy dtype: the entropy keeps the dtype of the weights: a .double() inside mu
     torch.xlogy on the weights as they are
 count errors: check d_model >= 1 and d_model % n_heads == 0 first and raise ValueError, as the module does
 """)
-    | family.MODULE_TEXT
+    | mf.MODULE_TEXT
 )
 SHAPES = engine.table("""
 output batch n_heads q_len d_head: the heads are not merged: merge them back to [batch, q_len, d_model] and
@@ -146,94 +142,31 @@ mha_parameter_count returns: parameter_count; an int, 4 d_model^2 + 4 d_model (4
 mha_parameter_count raises ValueError: parameter_count; n_heads that does not divide d_model, d_model 0 and -8
 """)
 
-
-@dataclass(frozen=True)
-class Sizes:
-    """The sizes of one multi-head call (every one different from the others within a case)."""
-
-    batch: int
-    q_len: int
-    k_len: int
-    d_model: int
-    n_heads: int
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
-
-
 VISIBLE = Sizes(2, 5, 7, 12, 3)  # d_head 4
 HIDDEN = (Sizes(3, 4, 6, 20, 5), Sizes(1, 6, 3, 8, 2), Sizes(2, 3, 5, 16, 4))
 
 
-def _hints(sizes: Sizes, kind: str) -> dict[tuple[int, ...], str]:
-    axes = {f: getattr(sizes, f) for f in ("batch", "q_len", "k_len", "d_model", "n_heads", "d_head")}
-    axes["bh"], axes["len"] = sizes.batch * sizes.n_heads, sizes.q_len
-    return engine.shapes(SHAPES, kind, **axes)
+# --- the inputs: nn.MultiheadAttention's weights as data, and the drivers that load them
 
 
-# --- the inputs: nn.MultiheadAttention's weights as data, and the driver that loads them
-
-
-def torch_weights(sizes: Sizes, *, bias: bool, seed: int, device, dtype=torch.float64) -> dict[str, Any]:
-    """Weights of ``nn.MultiheadAttention(d_model, n_heads)``, drawn with a scale of 1/sqrt(d_model)."""
-    d, scale = sizes.d_model, 1 / math.sqrt(sizes.d_model)
-    draw = lambda shape, s: randn(shape, seed=seed + s, device=device, dtype=dtype) * scale  # noqa: E731
-    return {
-        "in_proj_weight": draw((3 * d, d), 0),
-        "in_proj_bias": draw((3 * d,), 1) if bias else None,
-        "out_proj_weight": draw((d, d), 2),
-        "out_proj_bias": draw((d,), 3) if bias else None,
-    }
-
-
-def build_torch_mha(arguments: dict[str, Any]) -> nn.MultiheadAttention:
-    """``nn.MultiheadAttention(batch_first=True)`` with the weights of ``arguments``."""
-    weight, bias = arguments["in_proj_weight"], arguments["in_proj_bias"]
-    mha = nn.MultiheadAttention(
-        arguments["d_model"],
-        arguments.get("torch_n_heads") or arguments["n_heads"],
-        bias=bias is not None,
-        batch_first=True,
-        device=weight.device,
-        dtype=weight.dtype,
-    )
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(weight)
-        mha.out_proj.weight.copy_(arguments["out_proj_weight"])
-        if bias is not None:
-            mha.in_proj_bias.copy_(bias)
-            mha.out_proj.bias.copy_(arguments["out_proj_bias"])
-    return mha
-
-
-WEIGHT_NAMES = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias")
-# (torch_n_heads: nn.MultiheadAttention's n_heads where it differs from the module's, see build_torch_mha)
-
-
-def _prepare(**arguments: Any) -> dict[str, Any]:
-    torch_mha = build_torch_mha(arguments) if "in_proj_weight" in arguments else None
-    rest = {name: value for name, value in arguments.items() if name not in (*WEIGHT_NAMES, "torch_n_heads")}
-    return {**rest, "torch_mha": torch_mha}
-
-
-def _module(cls: Any, d_model: int, n_heads: int, bias: bool, torch_mha: Any, like: torch.Tensor) -> Any:
-    module = cls(d_model, n_heads, bias=bias).to(dtype=like.dtype, device=like.device)
-    if torch_mha is not None:
-        module.load_torch_weights(torch_mha)
-    return module
+def inputs(sizes: Sizes, *, seed: int, device, dtype=torch.float64, bias=True, mask=None) -> dict[str, Any]:
+    """The arguments of one call: sizes, weights, query/key/value ``[batch, len, d_model]``, ``mask``."""
+    weights = mf.mha_weights(sizes, bias=bias, seed=seed + 10, device=device, dtype=dtype)
+    tensors = mf.sequences(sizes, ("query", "key", "value"), seed=seed, device=device, dtype=dtype)
+    sized = {"d_model": sizes.d_model, "n_heads": sizes.n_heads, "bias": bias}
+    return {**sized, **weights, **tensors, "mask": mask}
 
 
 def _forward(cls: Any, *, d_model, n_heads, bias=True, torch_mha=None, query, key, value, mask=None) -> Any:
     """Construct the learner's module, load the weights, and call it (the kernel)."""
-    module = _module(cls, d_model, n_heads, bias, torch_mha, query)
+    module = mf.learner_module(cls, d_model, n_heads, like=query, torch_mha=torch_mha, bias=bias)
     return module(query, key, value, mask)
 
 
 def _gradients(cls: Any, *, d_model, n_heads, bias, torch_mha, query, key, value, mask, probe) -> Any:
     """The gradients of ``(output * probe).sum()``: of the inputs, and of every parameter; and what
     ``load_torch_weights`` returned, ``"the module"`` or the type of what else (the kernel)."""
-    module = cls(d_model, n_heads, bias=bias).to(dtype=query.dtype, device=query.device)
+    module = mf.learner_module(cls, d_model, n_heads, like=query, bias=bias)
     loaded = module.load_torch_weights(torch_mha)
     returned = "the module" if loaded is module else type(loaded).__name__
     inputs = [x.requires_grad_() for x in (query, key, value)]
@@ -244,13 +177,7 @@ def _gradients(cls: Any, *, d_model, n_heads, bias, torch_mha, query, key, value
     return tuple(x.grad for x in inputs), parameters, returned
 
 
-def _parameters(cls: Any, *, d_model, n_heads, bias) -> Any:
-    return sum(p.numel() for p in cls(d_model, n_heads, bias=bias).parameters())
-
-
-FORWARD = Driver(_forward, _prepare)
-GRADIENTS = Driver(_gradients, _prepare)
-PARAMETERS = Driver(_parameters)
+FORWARD, GRADIENTS = Driver(_forward, mf.prepare_mha), Driver(_gradients, mf.prepare_mha)
 
 
 # --- the computation, and its known mistakes as rows
@@ -325,77 +252,14 @@ ROWS = (
 
 def mistakes(arguments: dict[str, Any], index: int) -> Iterator[Mistake]:
     """The output (``index`` 0) or the weights (1) of each known mistake on ``arguments``."""
-    return family.row_mistakes(ROWS, forward, arguments, index)
+    return mf.row_mistakes(ROWS, forward, arguments, index)
 
 
-def torch_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``nn.MultiheadAttention``'s output and every head's weights, in float64, the mask converted."""
-    wide = family.cast(arguments, torch.float64)
-    mha, mask = build_torch_mha(wide), wide.get("mask")
-    sizes = (wide["query"].size(0), wide["n_heads"], wide["query"].size(1), wide["key"].size(1))
-    blocked = None
-    if mask is not None:  # the course's True = may attend; nn.MultiheadAttention's True = blocked
-        mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
-        blocked = ~mask.expand(sizes).reshape(sizes[0] * sizes[1], *sizes[2:])  # [batch * n_heads, q, k]
-    with torch.no_grad():
-        output, weights = mha(
-            wide["query"], wide["key"], wide["value"], attn_mask=blocked, average_attn_weights=False
-        )
-    return output, weights
-
-
-# --- checks of the module
-
-
-def inputs(sizes: Sizes, *, seed: int, device, dtype=torch.float64, bias=True, mask=None) -> dict[str, Any]:
-    """The arguments of one call: sizes, weights, query/key/value ``[batch, len, d_model]``, ``mask``."""
-    shapes = {"query": sizes.q_len, "key": sizes.k_len, "value": sizes.k_len}
-    tensors = {
-        name: randn((sizes.batch, length, sizes.d_model), seed=seed + i, device=device, dtype=dtype)
-        for i, (name, length) in enumerate(shapes.items())
-    }
-    weights = torch_weights(sizes, bias=bias, seed=seed + 10, device=device, dtype=dtype)
-    return {
-        "d_model": sizes.d_model,
-        "n_heads": sizes.n_heads,
-        "bias": bias,
-        **weights,
-        **tensors,
-        "mask": mask,
-    }
-
-
-def masks(sizes: Sizes, seed: int, device) -> list[torch.Tensor | None]:
-    """No mask, one ``[q_len, k_len]``, one per sequence ``[batch, q_len, k_len]``, a padding mask."""
-    q, k, b = sizes.q_len, sizes.k_len, sizes.batch
-    return [
-        None,
-        family.mask((q, k), seed=seed, device=device),
-        family.mask((b, q, k), seed=seed + 1, device=device),
-        family.mask((b, 1, 1, k), seed=seed + 2, device=device),
-    ]
-
-
-def module_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=None, note="") -> Check:
+def module_check(
+    part: Part, arguments: dict[str, Any], sizes: Sizes, answer=mf.torch_answer, note=""
+) -> Check:
     """One call of the module, against ``nn.MultiheadAttention`` (or ``answer``), mistakes named by rows."""
-    answer = answer or torch_answer
-    return family.module_check(part, arguments, sizes, answer, distinct(mistakes, answer), _hints, note)
-
-
-def distinct(wrong: Any, answer: Any) -> Any:
-    """``wrong(arguments, index)`` without the mistakes that give the right ``answer(arguments)[index]``: a
-    mistake in the output projection leaves the weights right, and would otherwise be named for weights that
-    are NaN in some rows and right in the others (the mistakes are compared on finite elements)."""
-
-    def found(arguments: dict[str, Any], index: int) -> Iterator[Mistake]:
-        right = answer(arguments)[index]
-        return (m for m in wrong(arguments, index) if not engine.close(m.result, right, torch.float64))
-
-    return found
-
-
-def _formula(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(arguments)
+    return mf.module_check(part, arguments, sizes, answer, mf.distinct(mistakes, answer), SHAPES, note)
 
 
 # --- the behaviours, in the notebook's order
@@ -404,13 +268,7 @@ def _formula(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 @behaviour(function="split_heads", points=1, hints=HINTS)
 def split_heads_layout(part: Part) -> Iterator[Check]:
     """split_heads gives [batch, n_heads, len, d_head], head i holding features i*d_head..(i+1)*d_head-1."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
-        for dtype in (torch.float32, torch.float64) if not part.hidden else (torch.float64, torch.float16):
-            x = randn(
-                (sizes.batch, sizes.q_len, sizes.d_model), seed=40 + index, device=part.device, dtype=dtype
-            )
-            yield _split_check(part, x, sizes)
+    yield from _heads_checks(part, "split", seed=40)
     # the docstring's ValueError: n_heads that does not divide d_model, x not [batch, len, d_model]
     refused = [((2, 5, 12), 5), ((5, 12), 3), ((2, 3, 5, 12), 3)]
     if part.hidden:
@@ -421,54 +279,10 @@ def split_heads_layout(part: Part) -> Iterator[Check]:
         yield engine.raises(part.call(x=x, n_heads=n_heads), "ValueError", condition, TEXT["split errors"])
 
 
-def _dtype_kept(result: torch.Tensor, x: torch.Tensor, call: Call) -> None:
-    """Fail unless ``result`` (of the right values) has the dtype of ``x``, as the docstring promises."""
-    if result.dtype != x.dtype:
-        where = f"the result of {call}"
-        fail(f"{where} has dtype {result.dtype} where x is {x.dtype}.", TEXT["dtype kept"])
-
-
-def _split_check(part: Part, x: torch.Tensor, sizes: Sizes) -> Check:
-    call = part.call(x=x, n_heads=sizes.n_heads)
-    b, length, h, dh = sizes.batch, sizes.q_len, sizes.n_heads, sizes.d_head
-    right = x.view(b, length, h, dh).transpose(1, 2)
-
-    def wrong() -> Iterator[Mistake]:
-        yield Mistake(TEXT["split no transpose"], x.reshape(b, h, length, dh))
-        yield Mistake(TEXT["split strided"], x.reshape(b, length, dh, h).permute(0, 3, 1, 2))
-
-    def judge(result: Any) -> None:
-        hints = engine.shapes(SHAPES, "split", batch=b, len=length, n_heads=h, d_head=dh)
-        assert_values(result, right, f"the result of {call}", mistakes=wrong, hints=hints)
-        _dtype_kept(result, x, call)
-
-    return Check(call, judge, untouched=True)
-
-
 @behaviour(function="merge_heads", points=1, hints=HINTS)
 def merge_heads_inverse(part: Part) -> Iterator[Check]:
     """merge_heads undoes split_heads: [batch, n_heads, len, d_head] -> [batch, len, n_heads * d_head]."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
-        b, length, h, dh = sizes.batch, sizes.q_len, sizes.n_heads, sizes.d_head
-        for dtype in (torch.float32, torch.float64) if not part.hidden else (torch.float64, torch.float16):
-            merged = randn((b, length, h * dh), seed=50 + index, device=part.device, dtype=dtype)
-            x = merged.view(b, length, h, dh).transpose(1, 2).contiguous()  # as weights @ value makes it
-            call = part.call(x=x)
-
-            def wrong(x=x, b=b, length=length) -> Iterator[Mistake]:
-                yield Mistake(TEXT["merge no transpose"], x.reshape(b, length, -1))
-                yield Mistake(TEXT["merge strided"], x.permute(0, 2, 3, 1).reshape(b, length, -1))
-
-            def judge(
-                result: Any, merged=merged, call=call, wrong=wrong, sizes=(b, length, h, dh), x=x
-            ) -> None:
-                b, length, h, dh = sizes
-                hints = engine.shapes(SHAPES, "merge", batch=b, len=length, n_heads=h, d_head=dh)
-                assert_values(result, merged, f"the result of {call}", mistakes=wrong, hints=hints)
-                _dtype_kept(result, x, call)
-
-            yield Check(call, judge, untouched=True)
+    yield from _heads_checks(part, "merge", seed=50)
     # the docstring's ValueError: x not [batch, n_heads, len, d_head] (3 axes: heads merged already)
     for shape in ((2, 5, 12), (2, 1, 3, 5, 4)) if not part.hidden else ((3, 4, 20), (6, 8), (1, 2, 2, 3, 4)):
         x = randn(shape, seed=55, device=part.device)
@@ -476,79 +290,75 @@ def merge_heads_inverse(part: Part) -> Iterator[Check]:
         yield engine.raises(part.call(x=x), "ValueError", condition, TEXT["merge errors"])
 
 
+def _heads_checks(part: Part, kind: str, seed: int) -> Iterator[Check]:
+    """The calls of split_heads (``kind`` "split") or merge_heads ("merge") on features of each sizes and
+    dtype of the part (:func:`_heads_check`)."""
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
+        for dtype in (torch.float32, torch.float64) if not part.hidden else (torch.float64, torch.float16):
+            shape = (sizes.batch, sizes.q_len, sizes.d_model)
+            yield _heads_check(
+                part, kind, randn(shape, seed=seed + index, device=part.device, dtype=dtype), sizes
+            )
+
+
+def _heads_check(part: Part, kind: str, features: torch.Tensor, sizes: Sizes) -> Check:
+    """A call of split_heads (``kind`` "split") on ``features [batch, len, d_model]``, or of merge_heads
+    ("merge") on their heads ``[batch, n_heads, len, d_head]`` (contiguous, as weights @ value makes them):
+    the values, the known mistakes, then x's dtype, as the docstring promises."""
+    b, length, h, dh = sizes.batch, sizes.q_len, sizes.n_heads, sizes.d_head
+    heads = features.view(b, length, h, dh).transpose(1, 2)
+    if kind == "split":
+        x, right, call = features, heads, part.call(x=features, n_heads=h)
+    else:
+        x = heads.contiguous()
+        right, call = features, part.call(x=x)
+
+    def wrong() -> Iterator[Mistake]:
+        if kind == "split":
+            yield Mistake(TEXT["split no transpose"], x.reshape(b, h, length, dh))
+            yield Mistake(TEXT["split strided"], x.reshape(b, length, dh, h).permute(0, 3, 1, 2))
+        else:
+            yield Mistake(TEXT["merge no transpose"], x.reshape(b, length, -1))
+            yield Mistake(TEXT["merge strided"], x.permute(0, 2, 3, 1).reshape(b, length, -1))
+
+    hints = mf.head_hints(SHAPES, sizes, kind)
+    return mf.layout_check(call, x, right, wrong, hints, TEXT["dtype kept"], says="has dtype")
+
+
 @behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=FORWARD)
 def mha_shapes(part: Part) -> Iterator[Check]:
     """The module returns (output [batch, q_len, d_model], weights [batch, n_heads, q_len, k_len]); each
     query's weights sum to 1."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    sums = lambda result, call: mf.sums_to_one(result[1], call, "the keys")  # noqa: E731
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         arguments = inputs(sizes, seed=60 + 10 * index, device=part.device, dtype=torch.float32)
         arguments = {name: arguments[name] for name in ("d_model", "n_heads", "query", "key", "value")}
-        call = part.call(**arguments)
-
-        def judge(result: Any, call=call, sizes=sizes) -> None:
-            _, weights = family.module_pair(result, call, sizes, _hints)
-            sums = weights.detach().double().sum(-1)
-            if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
-                fail(
-                    f"the weights of {call} do not sum to 1 over the keys (one sums to "
-                    f"{sums.flatten()[0]:.3g}).",
-                    "the softmax runs over another axis than the keys (dim=-1)",
-                )
-            module_dtype(result, call, torch.float32, TEXT["module dtype"])
-
-        yield Check(call, judge)
-        if index:  # (the hidden part: for its first sizes only)
-            continue
-        # the dtype holds with a mask too, rows that allow no key among them (float32, as above)
-        mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
-        mask[0] = False  # a sequence of padding only
-        masked = part.call(**arguments, mask=mask)
-
-        def judge_masked(result: Any, call=masked, sizes=sizes) -> None:
-            family.module_pair(result, call, sizes, _hints)
-            module_dtype(result, call, torch.float32, TEXT["module dtype"])
-
-        yield Check(masked, judge_masked)
+        yield mf.format_check(part, arguments, sizes, SHAPES, judge=sums)
+        if not index:  # the dtype holds with a mask too, rows that allow no key among them (the first sizes)
+            masked = {**arguments, "mask": mf.padding_only(sizes, part.device)}
+            yield mf.format_check(part, masked, sizes, SHAPES)
     if not part.hidden:  # (calls that raise: other sizes would add nothing)
-        yield from module_errors(part, (VISIBLE,), seed=66)
+        yield from _module_errors(part, VISIBLE, seed=66)
 
 
-def module_dtype(result: Any, call: Call, dtype: torch.dtype, hint: str) -> None:
-    """Fail unless the output and the weights of a module's ``result`` (shapes judged) are in ``dtype``."""
-    for which, actual in zip(("output", "weights"), result, strict=False):
-        if actual.dtype != dtype:
-            verb = "are" if which == "weights" else "is"
-            fail(f"the {which} of {call} {verb} {actual.dtype} where the query is {dtype}.", hint)
-
-
-def module_errors(part: Part, cases, seed: int) -> Iterator[Check]:
+def _module_errors(part: Part, sizes: Sizes, seed: int) -> Iterator[Check]:
     """The documented errors of the module: ValueError of __init__ (n_heads not dividing d_model) and of
     load_torch_weights (another n_heads, or biases on one side only), TypeError of forward (a mask of 0/1
     integers or floats)."""
-    for index, sizes in enumerate(cases):
-        arguments = inputs(sizes, seed=seed + 10 * index, device=part.device)
-        plain = {name: arguments[name] for name in ("d_model", "n_heads", "query", "key", "value")}
-        mask = family.mask((sizes.q_len, sizes.k_len), seed=seed + 10 * index, device=part.device)
-        for wrong in (mask.long(), mask.double()):
-            condition = f"when the mask is not boolean ({engine.describe(wrong)})"
-            yield engine.raises(
-                part.call(**plain, mask=wrong), "TypeError", condition, TEXT["module mask dtype"]
-            )
-        n_heads = next(n for n in itertools.count(sizes.n_heads + 1) if sizes.d_model % n)
-        condition = f"from __init__ when n_heads={n_heads} does not divide d_model={sizes.d_model}"
-        call = part.call(**{**plain, "n_heads": n_heads})
-        yield engine.raises(call, "ValueError", condition, TEXT["module n_heads"])
-        other = next(n for n in range(1, sizes.d_model + 1) if sizes.d_model % n == 0 and n != sizes.n_heads)
-        condition = (
-            f"from load_torch_weights when torch_mha has n_heads={other} and the module {sizes.n_heads}"
-        )
-        call = part.call(**arguments, torch_n_heads=other)
-        yield engine.raises(call, "ValueError", condition, TEXT["load errors"])
-        unbiased = inputs(sizes, seed=seed + 10 * index, device=part.device, bias=False)
-        condition = "from load_torch_weights when the module has biases (bias=True) and torch_mha none"
-        call = part.call(**{**unbiased, "bias": True})
-        yield engine.raises(call, "ValueError", condition, TEXT["load errors"])
+    arguments = inputs(sizes, seed=seed, device=part.device)
+    plain = {name: arguments[name] for name in ("d_model", "n_heads", "query", "key", "value")}
+    mask = family.mask((sizes.q_len, sizes.k_len), seed=seed, device=part.device)
+    yield from mf.mask_errors(part, plain, mask, (torch.long, torch.float64))
+    yield mf.n_heads_error(part, plain, sizes, TEXT["module n_heads"])
+    other = next(n for n in range(1, sizes.d_model + 1) if sizes.d_model % n == 0 and n != sizes.n_heads)
+    condition = f"from load_torch_weights when torch_mha has n_heads={other} and the module {sizes.n_heads}"
+    yield engine.raises(
+        part.call(**arguments, torch_n_heads=other), "ValueError", condition, TEXT["load errors"]
+    )
+    unbiased = inputs(sizes, seed=seed, device=part.device, bias=False)
+    condition = "from load_torch_weights when the module has biases (bias=True) and torch_mha none"
+    call = part.call(**{**unbiased, "bias": True})
+    yield engine.raises(call, "ValueError", condition, TEXT["load errors"])
 
 
 @behaviour(function="MultiHeadAttention", points=3, hints=HINTS, driver=FORWARD)
@@ -561,7 +371,7 @@ def mha_matches_torch(part: Part) -> Iterator[Check]:
         else [(s, d) for s in HIDDEN for d in (torch.float64, torch.float32)]
     )
     for index, (sizes, dtype) in enumerate(cases):
-        for number, mask in enumerate(masks(sizes, 70 + 10 * index, part.device)):
+        for number, mask in enumerate(mf.masks(sizes, 70 + 10 * index, part.device)):
             bias = number != 1
             arguments = inputs(
                 sizes, seed=70 + 10 * index, device=part.device, dtype=dtype, bias=bias, mask=mask
@@ -573,42 +383,18 @@ def mha_matches_torch(part: Part) -> Iterator[Check]:
 def mha_empty_rows(part: Part) -> Iterator[Check]:
     """A query whose mask allows no key gets zero weights and a zero attention (chapter 3's rule); the other
     rows are unchanged."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
-        masks = empty_row_masks(sizes, 90 + index, part.device)
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         # visible: each shape once; hidden: one by turns, [batch, q_len, k_len] in float64 first
-        for number in (1, 2, 3, 4) if not part.hidden else ((0, 2, 4)[index],):
-            mask, dtype = masks[number]
-            arguments = inputs(
-                sizes, seed=90 + 10 * index + number, device=part.device, dtype=dtype, mask=mask
-            )
-            yield module_check(part, arguments, sizes, _formula, note=TEXT["rule"])
-
-
-def empty_row_masks(sizes: Any, seed: int, device) -> list[tuple[torch.Tensor, torch.dtype]]:
-    """Masks with rows that allow no key, of each accepted shape, and the dtype to try each in: ``[batch,
-    q_len, k_len]`` (float64 and float32), a padding mask ``[batch, 1, 1, k_len]`` whose first sequence is
-    all padding, ``[q_len, k_len]`` and one per head, ``[batch, n_heads, q_len, k_len]``."""
-    b, h, q, k = sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len
-    per_sequence = family.mask((b, q, k), seed=seed, device=device, kind="empty rows")
-    padding = torch.ones(b, 1, 1, k, dtype=torch.bool, device=device)
-    padding[0] = False  # a sequence of padding only: every query of it attends no key
-    padding[1:, ..., -1] = False  # (the others one key shorter)
-    return [
-        (per_sequence, torch.float64),
-        (per_sequence, torch.float32),
-        (padding, torch.float32),
-        (family.mask((q, k), seed=seed + 3, device=device, kind="empty rows"), torch.float64),
-        (family.mask((b, h, q, k), seed=seed + 5, device=device, kind="empty rows"), torch.float64),
-    ]
+        for mask, dtype, seed in mf.empty_row_cases(part, sizes, index, 90):
+            arguments = inputs(sizes, seed=seed, device=part.device, dtype=dtype, mask=mask)
+            yield module_check(part, arguments, sizes, forward, note=TEXT["rule"])
 
 
 @behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=GRADIENTS)
 def mha_gradients(part: Part) -> Iterator[Check]:
     """Gradients flow to the query, key and value as through nn.MultiheadAttention, and to every parameter;
     the module has 4 d_model^2 + 4 d_model parameters."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
         mask[0, ..., -1] = False  # padding: the first sequence is one key shorter (every row keeps 2 or more)
         for bias in (True, False) if index == 0 else (index == 1,):  # without biases: 4 d_model^2
@@ -626,9 +412,9 @@ def _gradient_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Chec
         grads, parameters, returned = result
         names = ("query", "key", "value")
         leaves = {name: arguments[name].detach().double().requires_grad_() for name in names}
-        output, _ = build_torch_mha(family.cast(arguments, torch.float64))(
-            *leaves.values(), need_weights=False, attn_mask=_blocked(arguments, sizes)
-        )
+        blocked = mf.blocked(arguments["mask"], (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len))
+        torch_mha = mf.torch_mha(family.cast(arguments, torch.float64))
+        output, _ = torch_mha(*leaves.values(), need_weights=False, attn_mask=blocked)
         (output * arguments["probe"].double()).sum().backward()
         for name, grad in zip(names, grads, strict=True):
             if not isinstance(grad, torch.Tensor):
@@ -650,46 +436,27 @@ def _gradient_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Chec
             fail(f"the module has {total} parameters, expected {formula} = {expected} (bias={bias}).", cause)
         if returned != "the module":
             fail(f"load_torch_weights returned {returned}, not the module, in {call}.", TEXT["load returns"])
-        for name, _, grad in parameters:  # (the key bias's gradient is 0: it shifts a row's scores alike)
-            if not isinstance(grad, torch.Tensor) or not torch.isfinite(grad).all():
-                fail(
-                    f"the parameter {name} gets no gradient through {call}.",
-                    "it is not used in forward, or is frozen (requires_grad=False), or used through .data",
-                )
+        # (the key bias's gradient is 0: it shifts a row's scores alike)
+        cause = "it is not used in forward, or is frozen (requires_grad=False), or used through .data"
+        mf.gradients_reach(parameters, call, cause)
 
     return Check(call, judge)
-
-
-def _blocked(arguments: dict[str, Any], sizes: Sizes) -> torch.Tensor | None:
-    mask = arguments.get("mask")
-    if mask is None:
-        return None
-    mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
-    shape = (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len)
-    return ~mask.expand(shape).reshape(sizes.batch * sizes.n_heads, sizes.q_len, sizes.k_len)
 
 
 @behaviour(function="MultiHeadAttention", points=1, hints=HINTS, driver=FORWARD)
 def mha_from_scratch(part: Part) -> Iterator[Check]:
     """The module is correct and calls no built-in attention (F.scaled_dot_product_attention,
     nn.MultiheadAttention's forward)."""
-    rule = family.from_scratch("multi-head attention")
-    if not part.hidden:
-        yield from engine.correct_first(mha_matches_torch.plan(part), part.function)
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    calls = []
-    for index, sizes in enumerate(cases):
-        for mask in (None, family.mask((sizes.q_len, sizes.k_len), seed=120 + index, device=part.device)):
-            calls.append(part.call(**inputs(sizes, seed=120 + 10 * index, device=part.device, mask=mask)))
-    yield rule.check(calls)
+    cases = mf.cases(part, VISIBLE, HIDDEN)
+    masks = lambda sizes, seed, device: mf.masks(sizes, seed, device)[:2]  # noqa: E731 (None, [q_len, k_len])
+    return mf.from_scratch(part, "multi-head attention", mha_matches_torch, cases, inputs, masks, seed=120)
 
 
 @behaviour(function="attention_entropy", points=1, hints=HINTS)
 def entropy_in_nats(part: Part) -> Iterator[Check]:
     """attention_entropy is -sum_j w_j ln w_j per head and query, in nats: 0 for one-hot rows and for rows
     of zeros, ln(k_len) for uniform rows."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         shape = (sizes.batch, sizes.n_heads, sizes.q_len, sizes.k_len)
         scores = randn(shape, seed=110 + index, device=part.device) * 2
         weights = torch.softmax(scores, dim=-1)
@@ -722,7 +489,7 @@ def _entropy_check(part: Part, weights: torch.Tensor, sizes: Sizes) -> Check:
         )
 
     def judge(result: Any) -> None:
-        hints = _hints(sizes, "entropy") if weights.dim() == 4 else {}
+        hints = mf.head_hints(SHAPES, sizes, "entropy") if weights.dim() == 4 else {}
         assert_values(
             result, right, f"the result of {call}", dtype=weights.dtype, mistakes=wrong, hints=hints
         )
@@ -780,9 +547,8 @@ def _count(result: Any, call: Call, d: int, h: int, bias: bool) -> None:
 def carried_over(part: Part, seed: int) -> Iterator[Check]:
     """The checks of a later exercise's ``MultiHeadAttention``, carried over from this one: the module against
     ``nn.MultiheadAttention``, no mask and a ``[batch, q_len, k_len]`` one (every mask in the hidden part)."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
-        for number, mask in enumerate(masks(sizes, seed + 10 * index, part.device)):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
+        for number, mask in enumerate(mf.masks(sizes, seed + 10 * index, part.device)):
             if part.hidden or number in (0, 2):
                 arguments = inputs(sizes, seed=seed + 10 * index, device=part.device, mask=mask)
                 yield module_check(part, arguments, sizes)

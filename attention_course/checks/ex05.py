@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from attention_course.checks import attention_family as family
 from attention_course.checks import engine, ex04
+from attention_course.checks import module_family as mf
 from attention_course.checks.attention_family import QKV, Variant
 from attention_course.checks.engine import (
     Call,
@@ -32,6 +33,7 @@ from attention_course.checks.engine import (
     fail,
     randn,
 )
+from attention_course.checks.module_family import Sizes
 
 HINTS = family.exception_hints("""
 attribute 'q_proj' | attribute 'k_proj' | attribute 'v_proj' | attribute 'o_proj': name the four
@@ -60,12 +62,8 @@ repeat errors: check x.dim() == 4 and n_rep >= 1 first and raise ValueError: rep
     empty tensor, and a tensor of three axes is repeated along the wrong one, without an error
 dtype kept: the result must keep the dtype of x: a tensor made with torch.zeros/torch.empty (float32 by
     default) and filled changes it: pass dtype=x.dtype and device=x.device, or use repeat_interleave/expand
-module dtype: the weights and the output keep the dtype of the query: a .double()/.float() inside (for a
-    stable softmax, say) must be undone with .to(query.dtype) on every result, the weights too
 module sizes: check in __init__ that n_heads divides d_model and n_kv_heads divides n_heads, and raise
     ValueError: otherwise n_heads // n_kv_heads silently drops query heads, or view() fails later
-module mask dtype: check mask.dtype != torch.bool first and raise TypeError: a 0/1 integer or float mask
-    would be accepted by `mask == 0` or logical_not(), and ~ of an integer mask is no mask at all
 rule: The course's rule (chapter 3): a query whose mask row allows no key gets zero weights, so its
     attention is zero and the output there is o_proj's bias alone.
 cache errors: check the sizes first and raise ValueError for a negative one (min(sizes) < 0)
@@ -75,7 +73,7 @@ convert errors: check first that mha has one in_proj_weight (not None: no separa
 convert bias: mha has no biases (bias=False): the new module must have none either,
     GroupedQueryAttention(..., bias=False), else its projections keep their random initial biases
 """)
-    | family.MODULE_TEXT
+    | mf.MODULE_TEXT
 )
 SHAPES = engine.table("""
 output batch n_heads q_len d_head: the heads are not merged: merge them back to [batch, q_len, d_model] and
@@ -136,32 +134,8 @@ gqa_from_mha raises ValueError: gqa_from_mha_pools; n_kv_heads that does not div
 """)
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """The sizes of one grouped-query call."""
-
-    batch: int
-    q_len: int
-    k_len: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
-
-    def kv(self, n_kv_heads: int) -> Sizes:
-        return Sizes(self.batch, self.q_len, self.k_len, self.d_model, self.n_heads, n_kv_heads)
-
-
 VISIBLE = Sizes(2, 5, 7, 24, 6, 2)  # d_head 4, groups of 3
 HIDDEN = (Sizes(3, 4, 6, 40, 8, 2), Sizes(1, 6, 3, 20, 4, 1), Sizes(2, 3, 5, 36, 6, 3))
-
-
-def _hints(sizes: Sizes, kind: str, **extra: int) -> dict[tuple[int, ...], str]:
-    axes = {f: getattr(sizes, f) for f in ("batch", "q_len", "k_len", "d_model", "n_heads", "d_head")}
-    return engine.shapes(SHAPES, kind, **axes, n_kv=sizes.n_kv_heads, **extra)
 
 
 # --- the inputs: weights as data, and the drivers that load them into the learner's module
@@ -169,56 +143,31 @@ def _hints(sizes: Sizes, kind: str, **extra: int) -> dict[tuple[int, ...], str]:
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def projection_weights(sizes: Sizes, *, bias: bool, seed: int, device, dtype=torch.float64) -> dict:
-    """``{q_proj_weight, q_proj_bias, ...}``: weights of the four projections, scale 1/sqrt(fan_in)."""
+def projection_shapes(sizes: Sizes) -> dict[str, tuple[int, int]]:
+    """``[out_features, in_features]`` of the four projections: q_proj's ``[n_heads d_head, d_model]``,
+    k_proj's and v_proj's ``[n_kv_heads d_head, d_model]``, o_proj's ``[d_model, n_heads d_head]``."""
     h, g, dh, d = sizes.n_heads, sizes.n_kv_heads, sizes.d_head, sizes.d_model
-    shapes = {"q_proj": (h * dh, d), "k_proj": (g * dh, d), "v_proj": (g * dh, d), "o_proj": (d, h * dh)}
-    weights = {}
-    for i, (name, shape) in enumerate(shapes.items()):
-        scale = 1 / math.sqrt(shape[1])
-        weights[f"{name}_weight"] = randn(shape, seed=seed + 2 * i, device=device, dtype=dtype) * scale
-        draw = randn(shape[:1], seed=seed + 2 * i + 1, device=device, dtype=dtype) * scale
-        weights[f"{name}_bias"] = draw if bias else None
-    return weights
+    return {"q_proj": (h * dh, d), "k_proj": (g * dh, d), "v_proj": (g * dh, d), "o_proj": (d, h * dh)}
 
 
 def inputs(sizes: Sizes, *, seed: int, device, dtype=torch.float64, bias=True, mask=None) -> dict[str, Any]:
     """The arguments of one call: sizes, the projections' weights, query/key/value, ``mask``."""
-    lengths = {"query": sizes.q_len, "key": sizes.k_len, "value": sizes.k_len}
-    tensors = {
-        name: randn((sizes.batch, length, sizes.d_model), seed=seed + i, device=device, dtype=dtype)
-        for i, (name, length) in enumerate(lengths.items())
-    }
-    weights = projection_weights(sizes, bias=bias, seed=seed + 10, device=device, dtype=dtype)
+    shapes = projection_shapes(sizes)
+    weights = mf.linear_weights(shapes, bias=bias, seed=seed + 10, device=device, dtype=dtype)
+    tensors = mf.sequences(sizes, ("query", "key", "value"), seed=seed, device=device, dtype=dtype)
     sized = {"d_model": sizes.d_model, "n_heads": sizes.n_heads, "n_kv_heads": sizes.n_kv_heads}
     return {**sized, "bias": bias, **weights, **tensors, "mask": mask}
 
 
-def _module(cls: Any, d_model, n_heads, n_kv_heads, bias, like: torch.Tensor, weights: dict) -> Any:
-    module = cls(d_model, n_heads, n_kv_heads, bias=bias).to(dtype=like.dtype, device=like.device)
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            if tensor is not None:
-                projection, kind = name.rsplit("_", 1)
-                target = getattr(getattr(module, projection), kind)
-                if target.shape != tensor.shape:
-                    raise ValueError(
-                        f"the checks cannot copy a {list(tensor.shape)} {kind} into {projection}.{kind}, "
-                        f"of shape {list(target.shape)}"
-                    )
-                target.copy_(tensor)
-    return module
-
-
 def _forward(cls: Any, *, d_model, n_heads, n_kv_heads, bias=True, query, key, value, mask=None, **weights):
     """Construct the learner's module, copy the weights into its projections, and call it (the kernel)."""
-    module = _module(cls, d_model, n_heads, n_kv_heads, bias, query, weights)
-    return module(query, key, value, mask)
+    module = mf.learner_module(cls, d_model, n_heads, n_kv_heads, like=query, bias=bias)
+    return mf.load_projections(module, weights)(query, key, value, mask)
 
 
 def _shapes(cls: Any, *, d_model, n_heads, n_kv_heads, query, key, value, mask=None) -> Any:
     """The module's ``(output, weights)`` and its projections' weight shapes (the kernel)."""
-    module = cls(d_model, n_heads, n_kv_heads).to(dtype=query.dtype, device=query.device)
+    module = mf.learner_module(cls, d_model, n_heads, n_kv_heads, like=query)
     output = module(query, key, value, mask)
     shapes = tuple(tuple(getattr(module, name).weight.shape) for name in PROJECTIONS)
     return (*output, shapes) if isinstance(output, tuple | list) else (output, None, shapes)
@@ -229,20 +178,21 @@ def _kv_bytes(fn: Any, *, dtype: str, **sizes: int) -> Any:
 
 
 def _prepare_mha(**arguments: Any) -> dict[str, Any]:
-    rest = {name: value for name, value in arguments.items() if name not in (*ex04.WEIGHT_NAMES, "kdim")}
-    if "kdim" in arguments:  # keys and values of another width: separate projections, no in_proj_weight
-        d_model, like = arguments["d_model"], arguments["query"]
-        mha = torch.nn.MultiheadAttention(
-            d_model,
-            arguments["n_heads"],
-            kdim=arguments["kdim"],
-            vdim=arguments["kdim"],
-            batch_first=True,
-            device=like.device,
-            dtype=like.dtype,
-        )
-        return {**rest, "mha": mha}
-    return {**rest, "mha": ex04.build_torch_mha(arguments)}
+    rest = {name: value for name, value in arguments.items() if name not in (*mf.MHA_WEIGHTS, "kdim")}
+    if "kdim" not in arguments:
+        return {**rest, "mha": mf.torch_mha(arguments)}
+    # keys and values of another width: separate projections, no in_proj_weight
+    like, kdim = arguments["query"], arguments["kdim"]
+    mha = torch.nn.MultiheadAttention(
+        arguments["d_model"],
+        arguments["n_heads"],
+        kdim=kdim,
+        vdim=kdim,
+        batch_first=True,
+        device=like.device,
+        dtype=like.dtype,
+    )
+    return {**rest, "mha": mha}
 
 
 def _convert(fn: Any, *, mha, n_kv_heads, query, key, value, **_: Any) -> Any:
@@ -281,10 +231,6 @@ def project(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return heads("query", a["n_heads"]), heads("key", a["n_kv_heads"]), heads("value", a["n_kv_heads"])
 
 
-def _mask(mask: torch.Tensor | None) -> torch.Tensor | None:
-    return mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
-
-
 def _output(a: dict[str, Any], heads: torch.Tensor, out_proj: bool = True) -> torch.Tensor:
     merged = heads.transpose(1, 2).reshape(heads.size(0), heads.size(2), -1)
     return F.linear(merged, a["o_proj_weight"], a["o_proj_bias"]) if out_proj else merged
@@ -304,7 +250,7 @@ def forward(arguments: dict[str, Any], row: Groups = Groups()) -> tuple[torch.Te
         if mask.size(0) not in (1, a["n_heads"]):
             raise ValueError("this mistake raises for these sizes")
     else:
-        mask = _mask(mask)
+        mask = mf.head_axis(mask)
     weights = family.weights(QKV(q, k, v, mask, a["d_model"]), row.core)
     return _output(a, weights @ v, row.out_proj), weights
 
@@ -320,14 +266,14 @@ ROWS = (
 
 def mistakes(arguments: dict[str, Any], index: int, rows=ROWS) -> Iterator[Mistake]:
     """The output (``index`` 0) or the weights (1) of each known mistake on ``arguments``."""
-    return family.row_mistakes(rows, forward, arguments, index)
+    return mf.row_mistakes(rows, forward, arguments, index)
 
 
 def sdpa_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """PyTorch's answer: SDPA with ``enable_gqa=True`` on the projected heads, then ``o_proj`` (float64)."""
     a = family.cast(arguments, torch.float64)
     q, k, v = project(a)
-    mask = _mask(a.get("mask"))
+    mask = mf.head_axis(a.get("mask"))
     heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     weights = family.masked_softmax(
         q @ k.repeat_interleave(q.size(1) // k.size(1), 1).mT / q.size(-1) ** 0.5, mask
@@ -351,12 +297,12 @@ def mha_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     a["in_proj_weight"] = torch.cat(stacked)
     a["in_proj_bias"] = torch.cat(biases) if biases[0] is not None else None
     a["out_proj_weight"], a["out_proj_bias"] = a.pop("o_proj_weight"), a.pop("o_proj_bias")
-    return ex04.torch_answer(a)
+    return mf.torch_answer(a)
 
 
 def module_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=sdpa_answer) -> Check:
     """One call of the module, judged on its shapes, then on its values against ``answer``."""
-    return family.module_check(part, arguments, sizes, answer, mistakes, _hints)
+    return mf.module_check(part, arguments, sizes, answer, mistakes, SHAPES)
 
 
 # --- the behaviours, in the notebook's order
@@ -375,33 +321,7 @@ def repeat_kv_interleaves(part: Part) -> Iterator[Check]:
         )
     for index, (batch, n_kv, length, d_head, n_rep, dtype) in enumerate(cases):
         x = randn((batch, n_kv, length, d_head), seed=10 + index, device=part.device, dtype=dtype)
-        call = part.call(x=x, n_rep=n_rep)
-
-        def wrong(x=x, n_rep=n_rep) -> Iterator[Mistake]:
-            yield Mistake(TEXT["tile"], x.repeat(1, n_rep, 1, 1))
-
-        def judge(
-            result: Any, x=x, n_rep=n_rep, call=call, wrong=wrong, sizes=(batch, n_kv, length, d_head)
-        ) -> None:
-            b, g, length, dh = sizes
-            hints = engine.shapes(
-                SHAPES,
-                "repeat",
-                batch=b,
-                n_kv=g,
-                len=length,
-                d_head=dh,
-                n_rep=n_rep,
-                len_rep=length * n_rep,
-                d_rep=dh * n_rep,
-                n_rep_batch=b * n_rep,
-            )
-            right = x.repeat_interleave(n_rep, dim=1)
-            assert_values(result, right, f"the result of {call}", mistakes=wrong, hints=hints)
-            if result.dtype != x.dtype:
-                fail(f"the result of {call} is {result.dtype} where x is {x.dtype}.", TEXT["dtype kept"])
-
-        yield Check(call, judge, untouched=True)
+        yield _repeat_check(part, x, n_rep)
     # the docstring's ValueError: n_rep below 1, x not [batch, n_kv_heads, len, d_head]
     refused = [((2, 3, 5, 4), 0), ((3, 5, 4), 2)]
     if part.hidden:
@@ -412,54 +332,48 @@ def repeat_kv_interleaves(part: Part) -> Iterator[Check]:
         yield engine.raises(part.call(x=x, n_rep=n_rep), "ValueError", condition, TEXT["repeat errors"])
 
 
+def _repeat_check(part: Part, x: torch.Tensor, n_rep: int) -> Check:
+    call = part.call(x=x, n_rep=n_rep)
+    b, g, length, dh = x.shape
+    axes = {"batch": b, "n_kv": g, "len": length, "d_head": dh, "n_rep": n_rep}
+    axes |= {"len_rep": length * n_rep, "d_rep": dh * n_rep, "n_rep_batch": b * n_rep}
+
+    def wrong() -> Iterator[Mistake]:
+        yield Mistake(TEXT["tile"], x.repeat(1, n_rep, 1, 1))
+
+    right, hints = x.repeat_interleave(n_rep, dim=1), engine.shapes(SHAPES, "repeat", **axes)
+    return mf.layout_check(call, x, right, wrong, hints, TEXT["dtype kept"])
+
+
 @behaviour(function="GroupedQueryAttention", points=1, hints=HINTS, driver=SHAPES_DRIVER)
 def gqa_shapes(part: Part) -> Iterator[Check]:
     """The module returns (output [batch, q_len, d_model], weights [batch, n_heads, q_len, k_len]); q_proj and
     o_proj are d_model x n_heads d_head, k_proj and v_proj n_kv_heads d_head x d_model."""
-    cases = (VISIBLE, VISIBLE.kv(1)) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    names = ("d_model", "n_heads", "n_kv_heads", "query", "key", "value")
+    for index, sizes in enumerate((VISIBLE, VISIBLE.kv(1)) if not part.hidden else HIDDEN):
         arguments = inputs(sizes, seed=20 + 10 * index, device=part.device, dtype=torch.float32)
-        names = ("d_model", "n_heads", "n_kv_heads", "query", "key", "value")
-        call = part.call(**{name: arguments[name] for name in names})
-
-        def judge(result: Any, call=call, sizes=sizes) -> None:
-            if not isinstance(result, tuple) or len(result) != 3:
-                fail(f"{call} should return a tuple (output, weights).")
-            family.module_pair(result[:2], call, sizes, _hints)
-            h, g, dh, d = sizes.n_heads, sizes.n_kv_heads, sizes.d_head, sizes.d_model
-            right = {
-                "q_proj": (h * dh, d),
-                "k_proj": (g * dh, d),
-                "v_proj": (g * dh, d),
-                "o_proj": (d, h * dh),
-            }
-            for name, shape in zip(PROJECTIONS, result[2], strict=True):
-                if tuple(shape) != right[name]:
-                    fail(
-                        f"{name}.weight has shape {list(shape)}, expected {list(right[name])} (d_model "
-                        f"{d}, n_heads {h}, n_kv_heads {g}, d_head {dh}).",
-                        "k_proj and v_proj give n_kv_heads * d_head features, one d_head block per "
-                        "key/value head; q_proj gives n_heads * d_head; o_proj maps them back to d_model",
-                    )
-            ex04.module_dtype(result[:2], call, torch.float32, TEXT["module dtype"])
-
-        yield Check(call, judge)
-        if index:  # (the hidden part: for its first sizes only)
-            continue
-        # the dtype holds with a mask too, rows that allow no key among them (a sequence of padding only)
-        mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
-        mask[0] = False
-        masked = part.call(**{name: arguments[name] for name in names}, mask=mask)
-
-        def judge_masked(result: Any, call=masked, sizes=sizes) -> None:
-            if not isinstance(result, tuple) or len(result) != 3:
-                fail(f"{call} should return a tuple (output, weights).")
-            family.module_pair(result[:2], call, sizes, _hints)
-            ex04.module_dtype(result[:2], call, torch.float32, TEXT["module dtype"])
-
-        yield Check(masked, judge_masked)
+        arguments = {name: arguments[name] for name in names}
+        projections = lambda result, call, sizes=sizes: _projections(result[2], sizes)  # noqa: E731
+        yield mf.format_check(part, arguments, sizes, SHAPES, judge=projections, returned=3)
+        if not index:  # the dtype holds with a mask too, rows that allow no key among them (the first sizes)
+            masked = {**arguments, "mask": mf.padding_only(sizes, part.device)}
+            yield mf.format_check(part, masked, sizes, SHAPES, returned=3)
     if not part.hidden:  # (calls that raise: other sizes would add nothing)
         yield from _module_errors(part, VISIBLE)
+
+
+def _projections(shapes: Any, sizes: Sizes) -> None:
+    """Fail unless the weights of q_proj, k_proj, v_proj and o_proj have the ``shapes`` of ``sizes``."""
+    right = projection_shapes(sizes)
+    for name, shape in zip(PROJECTIONS, shapes, strict=True):
+        if tuple(shape) != right[name]:
+            h, g, dh, d = sizes.n_heads, sizes.n_kv_heads, sizes.d_head, sizes.d_model
+            fail(
+                f"{name}.weight has shape {list(shape)}, expected {list(right[name])} (d_model "
+                f"{d}, n_heads {h}, n_kv_heads {g}, d_head {dh}).",
+                "k_proj and v_proj give n_kv_heads * d_head features, one d_head block per "
+                "key/value head; q_proj gives n_heads * d_head; o_proj maps them back to d_model",
+            )
 
 
 def _module_errors(part: Part, sizes: Sizes) -> Iterator[Check]:
@@ -468,16 +382,12 @@ def _module_errors(part: Part, sizes: Sizes) -> Iterator[Check]:
     arguments = inputs(sizes, seed=28, device=part.device, dtype=torch.float32)
     plain = {name: arguments[name] for name in ("d_model", "n_heads", "n_kv_heads", "query", "key", "value")}
     mask = family.mask((sizes.q_len, sizes.k_len), seed=29, device=part.device)
-    for wrong in (mask.long(), mask.float()):
-        condition = f"when the mask is not boolean ({engine.describe(wrong)})"
-        yield engine.raises(part.call(**plain, mask=wrong), "TypeError", condition, TEXT["module mask dtype"])
-    n_heads = next(n for n in range(sizes.n_heads + 1, 2 * sizes.d_model) if sizes.d_model % n)
+    yield from mf.mask_errors(part, plain, mask, (torch.long, torch.float32))
+    yield mf.n_heads_error(part, plain, sizes, TEXT["module sizes"], n_kv_heads=1)
     n_kv = next(n for n in range(2, sizes.n_heads) if sizes.n_heads % n)
-    for heads, kv in ((n_heads, 1), (sizes.n_heads, n_kv)):
-        what = f"n_heads={heads} does not divide d_model={sizes.d_model}" if heads != sizes.n_heads else ""
-        what = what or f"n_kv_heads={kv} does not divide n_heads={heads}"
-        call = part.call(**{**plain, "n_heads": heads, "n_kv_heads": kv})
-        yield engine.raises(call, "ValueError", f"from __init__ when {what}", TEXT["module sizes"])
+    condition = f"from __init__ when n_kv_heads={n_kv} does not divide n_heads={sizes.n_heads}"
+    call = part.call(**{**plain, "n_kv_heads": n_kv})
+    yield engine.raises(call, "ValueError", condition, TEXT["module sizes"])
 
 
 @behaviour(function="GroupedQueryAttention", points=3, hints=HINTS, driver=FORWARD)
@@ -490,7 +400,7 @@ def gqa_matches_sdpa(part: Part) -> Iterator[Check]:
     else:
         cases = [(VISIBLE, torch.float64), (VISIBLE.kv(3), torch.float64), (VISIBLE.kv(1), torch.float64)]
     for index, (sizes, dtype) in enumerate(cases):
-        for number, mask in enumerate(ex04.masks(sizes, 30 + 10 * index, part.device)):
+        for number, mask in enumerate(mf.masks(sizes, 30 + 10 * index, part.device)):
             bias = number != 1
             arguments = inputs(
                 sizes, seed=30 + 10 * index, device=part.device, dtype=dtype, bias=bias, mask=mask
@@ -499,24 +409,19 @@ def gqa_matches_sdpa(part: Part) -> Iterator[Check]:
     if not part.hidden:  # every query head its own key/value head: multi-head attention
         yield module_check(part, inputs(VISIBLE.kv(6), seed=60, device=part.device), VISIBLE.kv(6))
     # rows that allow no key, masks of each shape: zero weights (the course's rule, which SDPA lacks)
-    for index, sizes in enumerate((VISIBLE,) if not part.hidden else HIDDEN):
-        masks = ex04.empty_row_masks(sizes, 50 + index, part.device)
+    wrong = mf.distinct(mistakes, forward)
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         # visible: each shape once; hidden: one shape per size, by turns
-        for number in (1, 2, 3, 4) if not part.hidden else (index * 2,):
-            mask, dtype = masks[number]
-            arguments = inputs(
-                sizes, seed=50 + 10 * index + number, device=part.device, dtype=dtype, mask=mask
-            )
-            wrong = ex04.distinct(mistakes, forward)
-            yield family.module_check(part, arguments, sizes, forward, wrong, _hints, TEXT["rule"])
+        for mask, dtype, seed in mf.empty_row_cases(part, sizes, index, 50):
+            arguments = inputs(sizes, seed=seed, device=part.device, dtype=dtype, mask=mask)
+            yield mf.module_check(part, arguments, sizes, forward, wrong, SHAPES, TEXT["rule"])
 
 
 @behaviour(function="GroupedQueryAttention", points=1, hints=HINTS, driver=FORWARD)
 def gqa_ladder(part: Part) -> Iterator[Check]:
     """The ends of the ladder: with n_kv_heads = n_heads the module is nn.MultiheadAttention given the same
     weights, with n_kv_heads = 1 multi-query attention, one key/value head broadcast over every query head."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         for dtype in (torch.float64,) if not part.hidden else (torch.float64, torch.float32):
             for n_kv, answer in ((sizes.n_heads, mha_answer), (1, mqa_answer)):
                 at = sizes.kv(n_kv)
@@ -545,14 +450,9 @@ def kv_cache_values(part: Part) -> Iterator[Check]:
             (12, 12, 64, 512, 8, "float32"),
             (0, 8, 128, 10, 1, "bfloat16"),
         ]
-    for n_layers, n_kv, d_head, seq_len, batch, dtype in cases:
-        sizes = {
-            "n_layers": n_layers,
-            "n_kv_heads": n_kv,
-            "d_head": d_head,
-            "seq_len": seq_len,
-            "batch": batch,
-        }
+    names = ("n_layers", "n_kv_heads", "d_head", "seq_len", "batch")
+    for *values, dtype in cases:
+        sizes = dict(zip(names, values, strict=True))
         call = part.call(**sizes, dtype=dtype)
         yield Check(
             call,
@@ -560,7 +460,6 @@ def kv_cache_values(part: Part) -> Iterator[Check]:
             on_raise=TEXT["cache zero"] if 0 in sizes.values() else "",
         )
     # the docstring's ValueError: a negative size
-    names = ("n_layers", "n_kv_heads", "d_head", "seq_len", "batch")
     refused = [(2, 4, 64, -1, 3)] if not part.hidden else [(-2, 8, 128, 10, 1), (1, 2, 16, 5, -1)]
     for values in refused:
         sizes = dict(zip(names, values, strict=True))
@@ -629,6 +528,12 @@ def _converted(arguments: dict[str, Any], how: str) -> dict[str, Any]:
     return {**a, **converted, "mask": None}
 
 
+def _mha_inputs(sizes: Sizes, *, seed: int, device, bias: bool = True) -> dict[str, Any]:
+    """The arguments of a conversion: sizes, ``nn.MultiheadAttention``'s weights, query/key/value."""
+    arguments = ex04.inputs(sizes, seed=seed, device=device, bias=bias)
+    return {name: value for name, value in arguments.items() if name not in ("bias", "mask")}
+
+
 @behaviour(function="gqa_from_mha", points=2, hints=CONVERT_HINTS, driver=CONVERT)
 def gqa_from_mha_pools(part: Part) -> Iterator[Check]:
     """gqa_from_mha gives key/value head g the mean of mha's consecutive heads g r .. g r + r - 1 (weights and
@@ -638,16 +543,12 @@ def gqa_from_mha_pools(part: Part) -> Iterator[Check]:
     )
     for index, (sizes, n_kv) in enumerate(cases):
         at = sizes.kv(n_kv)
-        ex04_sizes = ex04.Sizes(at.batch, at.q_len, at.k_len, at.d_model, at.n_heads)
         bias = index != 1  # the second without biases: nn.MultiheadAttention(..., bias=False)
-        arguments = ex04.inputs(ex04_sizes, seed=80 + 10 * index, device=part.device, bias=bias)
-        arguments = {name: value for name, value in arguments.items() if name not in ("bias", "mask")}
+        arguments = _mha_inputs(at, seed=80 + 10 * index, device=part.device, bias=bias)
         yield _convert_check(part, {**arguments, "n_kv_heads": n_kv}, at)
     # the docstring's ValueError: n_kv_heads that does not divide n_heads; separate kdim/vdim projections
     sizes = VISIBLE if not part.hidden else HIDDEN[2]
-    ex04_sizes = ex04.Sizes(sizes.batch, sizes.q_len, sizes.k_len, sizes.d_model, sizes.n_heads)
-    arguments = ex04.inputs(ex04_sizes, seed=89, device=part.device)
-    arguments = {name: value for name, value in arguments.items() if name not in ("bias", "mask")}
+    arguments = _mha_inputs(sizes, seed=89, device=part.device)
     n_kv = next(n for n in range(2, sizes.n_heads) if sizes.n_heads % n)
     condition = f"when n_kv_heads={n_kv} does not divide mha's {sizes.n_heads} heads"
     yield engine.raises(
@@ -673,11 +574,11 @@ def _convert_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Check
         output, weights, k_weight = result
         where = f"k_proj.weight of the module of {call}"
         assert_values(k_weight, right["k_proj_weight"], where, mistakes=lambda: wrong("k"))
-        output, weights = family.module_pair((output, weights), call, sizes, _hints)
+        output, weights = mf.module_pair((output, weights), call, sizes, SHAPES)
         expected = (
             forward(right)
             if sizes.n_kv_heads != sizes.n_heads
-            else ex04.torch_answer({**arguments, "mask": None})
+            else mf.torch_answer({**arguments, "mask": None})
         )
         note = TEXT["convert bias"] if arguments["in_proj_bias"] is None else ""
         for which, actual, index in (("weights", weights, 1), ("output", output, 0)):

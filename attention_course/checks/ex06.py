@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -20,7 +20,9 @@ from torch import nn
 
 from attention_course.checks import attention_family as family
 from attention_course.checks import engine, ex04
+from attention_course.checks import module_family as mf
 from attention_course.checks.engine import Check, Driver, Mistake, Part, assert_values, behaviour, fail, randn
+from attention_course.checks.module_family import Sizes
 
 HINTS = family.exception_hints("""
 attribute 'self_attn' | attribute 'cross_attn' | attribute 'linear1' | attribute 'linear2' | attribute 'norm1'
@@ -67,8 +69,6 @@ stale weights: the cache was reused although w_k or w_v changed since (an optimi
     with the cache and compare them too
 cross dtype: the weights and the output keep the dtype of the target: a .double()/.float() inside (for a
     stable softmax, say) must be undone with .to(target.dtype) on every result, the weights too
-cross mask dtype: check mask.dtype != torch.bool first and raise TypeError: a 0/1 integer or float mask
-    would be accepted by `mask == 0` or logical_not(), and ~ of an integer mask is no mask at all
 cross n_heads: check that n_heads divides d_model and raise ValueError (the MultiHeadAttention it builds on
     raises it in __init__)
 cross mask 3d: a [batch, tgt_len, src_len] mask is the same for every head: give it a head axis,
@@ -159,35 +159,11 @@ DecoderLayer.forward raises TypeError: decoder_matches_torch; a causal mask of 0
 """)
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """The sizes of one call (every one different within a case); ``q_len`` is ``tgt_len``, ``k_len``
-    ``src_len``, so that chapter 4's checks apply unchanged."""
-
-    batch: int
-    q_len: int
-    k_len: int
-    d_model: int
-    n_heads: int
-    d_ff: int = 24
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
-
-
-VISIBLE = Sizes(2, 5, 7, 12, 3, 20)
-HIDDEN = (Sizes(3, 4, 6, 20, 5, 28), Sizes(1, 6, 3, 8, 2, 12), Sizes(2, 3, 5, 16, 4, 36))
-
-
-def _hints(sizes: Sizes, kind: str) -> dict[tuple[int, ...], str]:
-    axes = {"batch": sizes.batch, "n_heads": sizes.n_heads, "d_model": sizes.d_model}
-    axes |= {"tgt_len": sizes.q_len, "src_len": sizes.k_len}
-    return engine.shapes(SHAPES, kind, **axes) | ex04._hints(ex04.Sizes(*_mha_sizes(sizes)), kind)
-
-
-def _mha_sizes(sizes: Sizes) -> tuple[int, ...]:
-    return sizes.batch, sizes.q_len, sizes.k_len, sizes.d_model, sizes.n_heads
+# the sizes of one call (every one different within a case): q_len is tgt_len, k_len src_len, so that
+# chapter 4's checks apply unchanged
+VISIBLE = Sizes(2, 5, 7, 12, 3, d_ff=20)
+HIDDEN = (Sizes(3, 4, 6, 20, 5, d_ff=28), Sizes(1, 6, 3, 8, 2, d_ff=12), Sizes(2, 3, 5, 16, 4, d_ff=36))
+HEAD_SHAPES = SHAPES | ex04.SHAPES  # the likely causes of wrong shapes: cross-attention's, then chapter 4's
 
 
 # ==================================================================================================
@@ -209,31 +185,15 @@ def inputs(sizes: Sizes, *, seed: int, device, dtype=torch.float64, mask=None, b
     """The arguments of one cross-attention call: sizes, ``nn.MultiheadAttention``'s weights, target
     ``[batch, tgt_len, d_model]``, source ``[batch, src_len, d_model]``, ``mask`` (and ``bias`` when False:
     a module and weights without biases)."""
-    target = randn((sizes.batch, sizes.q_len, sizes.d_model), seed=seed, device=device, dtype=dtype)
-    source = randn((sizes.batch, sizes.k_len, sizes.d_model), seed=seed + 1, device=device, dtype=dtype)
-    weights = ex04.torch_weights(
-        ex04.Sizes(*_mha_sizes(sizes)), bias=bias, seed=seed + 10, device=device, dtype=dtype
-    )
-    return {
-        "d_model": sizes.d_model,
-        "n_heads": sizes.n_heads,
-        **({} if bias else {"bias": False}),
-        **weights,
-        "target": target,
-        "source": source,
-        "mask": mask,
-    }
+    weights = mf.mha_weights(sizes, bias=bias, seed=seed + 10, device=device, dtype=dtype)
+    tensors = mf.sequences(sizes, ("target", "source"), seed=seed, device=device, dtype=dtype)
+    sized = {"d_model": sizes.d_model, "n_heads": sizes.n_heads, **({} if bias else {"bias": False})}
+    return {**sized, **weights, **tensors, "mask": mask}
 
 
-def _cross_module(
-    cls: Any, d_model: int, n_heads: int, torch_mha: Any, like: torch.Tensor, bias: bool = True
-) -> Any:
-    module = (cls(d_model, n_heads) if bias else cls(d_model, n_heads, bias=False)).to(
-        dtype=like.dtype, device=like.device
-    )
-    if torch_mha is not None:
-        module.load_torch_weights(torch_mha)
-    return module
+def _cross_module(cls: Any, d_model: int, n_heads: int, torch_mha: Any, like: torch.Tensor, bias=True) -> Any:
+    options = {} if bias else {"bias": False}
+    return mf.learner_module(cls, d_model, n_heads, like=like, torch_mha=torch_mha, **options)
 
 
 def _cross(cls: Any, *, d_model, n_heads, torch_mha, target, source, mask=None, bias=True) -> Any:
@@ -281,15 +241,7 @@ def _cached(cls: Any, *, d_model, n_heads, torch_mha, target, source, mask, sour
 
 # how _cached changes the new source in place, then the weights of w_k and w_v (exact in binary)
 SOURCE_CHANGE, WEIGHT_CHANGE = 0.5, (-1.0, 0.5)
-
-
-def _prepare(**arguments: Any) -> dict[str, Any]:
-    rest = {name: value for name, value in arguments.items() if name not in ex04.WEIGHT_NAMES}
-    torch_mha = ex04.build_torch_mha(arguments) if "in_proj_weight" in arguments else None
-    return {**rest, "torch_mha": torch_mha}
-
-
-CROSS, CACHED = Driver(_cross, _prepare), Driver(_cached, _prepare)
+CROSS, CACHED = Driver(_cross, mf.prepare_mha), Driver(_cached, mf.prepare_mha)
 
 
 def _as_mha(
@@ -307,7 +259,7 @@ def _as_mha(
 
 def cross_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """``nn.MultiheadAttention(query=target, key=source, value=source)``, float64, every head's weights."""
-    return ex04.torch_answer(_as_mha(arguments))
+    return mf.torch_answer(_as_mha(arguments))
 
 
 def cross_mistakes(arguments: dict[str, Any], index: int) -> Iterator[Mistake]:
@@ -332,35 +284,13 @@ def _values_from_target(arguments: dict[str, Any]) -> torch.Tensor:
     return ex04.forward({**a, "value": a["target"]})[0]
 
 
-def cross_check(
-    part: Part, arguments: dict[str, Any], sizes: Sizes, answer=cross_answer, label="", note=""
-) -> Check:
+def cross_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer=cross_answer, note="") -> Check:
     """One call of the learner's cross-attention against ``answer``, its mistakes named (``note``: the rule
-    the answer follows, said on a mismatch)."""
-    call = part.call(label, **arguments) if label else part.call(**arguments)
-    mask = arguments.get("mask")
-
-    def judge(result: Any) -> None:
-        output, weights = family.module_pair(result, call, sizes, _hints)
-        expected = answer(arguments)
-        for which, actual, index in (("weights", weights, 1), ("output", output, 0)):
-            right = expected[index]
-            wrong = lambda index=index, right=right: (  # noqa: E731 (see ex04.distinct)
-                m
-                for m in cross_mistakes(arguments, index)
-                if not engine.close(m.result, right, torch.float64)
-            )
-            assert_values(
-                actual,
-                expected[index],
-                f"the {which} of {call}",
-                dtype=arguments["target"].dtype,  # the tolerance of the inputs' dtype
-                mistakes=wrong,
-                note=note,
-            )
-
-    is_3d = isinstance(mask, torch.Tensor) and mask.dim() == 3
-    return Check(call, judge, on_raise=TEXT["cross mask 3d"] if is_3d else "")
+    the answer follows, said on a mismatch), within the tolerance of the target's dtype."""
+    wrong, mask_3d = mf.distinct(cross_mistakes, answer), TEXT["cross mask 3d"]
+    return mf.module_check(
+        part, arguments, sizes, answer, wrong, HEAD_SHAPES, note, given="target", mask_3d=mask_3d
+    )
 
 
 def formula_answer(arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -385,72 +315,33 @@ def source_masks(sizes: Sizes, seed: int, device) -> list[torch.Tensor | None]:
 def cross_shapes(part: Part) -> Iterator[Check]:
     """CrossAttention returns (output [batch, tgt_len, d_model], weights [batch, n_heads, tgt_len, src_len]):
     one row per target position, one column per source position; each row sums to 1."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    given, hint = "the target is float32", TEXT["cross dtype"]
+    sums = lambda result, call: mf.sums_to_one(result[1], call, "the source positions", False)  # noqa: E731
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         arguments = inputs(sizes, seed=140 + 10 * index, device=part.device, dtype=torch.float32)
-        call = part.call(**arguments)
-
-        def judge(result: Any, call=call, sizes=sizes) -> None:
-            _, weights = family.module_pair(result, call, sizes, _hints)
-            sums = weights.detach().double().sum(-1)
-            if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
-                fail(
-                    f"the weights of {call} do not sum to 1 over the source positions.",
-                    "the softmax runs over another axis than the source positions (dim=-1)",
-                )
-            _dtype(result, call)
-
-        yield Check(call, judge)
-        if index:  # (the hidden part: for its first sizes only)
-            continue
-        # the dtype holds with a mask too, rows that allow no key among them (a source of padding only)
-        mask = torch.ones(sizes.batch, 1, 1, sizes.k_len, dtype=torch.bool, device=part.device)
-        mask[0] = False
-        masked = part.call(**{**arguments, "mask": mask})
-
-        def judge_masked(result: Any, call=masked, sizes=sizes) -> None:
-            _dtype(family.module_pair(result, call, sizes, _hints), call)
-
-        yield Check(masked, judge_masked)
+        yield mf.format_check(part, arguments, sizes, HEAD_SHAPES, hint=hint, judge=sums, given=given)
+        if not index:  # the dtype holds with a mask too, rows that allow no key among them (the first sizes)
+            masked = {**arguments, "mask": mf.padding_only(sizes, part.device)}
+            yield mf.format_check(part, masked, sizes, HEAD_SHAPES, hint=hint, given=given)
     if not part.hidden:  # (calls that raise: other sizes would add nothing)
         yield from _errors(part, VISIBLE)
-
-
-def _dtype(result: Any, call: Any) -> None:
-    """Fail unless the output and the weights (shapes judged) keep the target's dtype, float32."""
-    for which, actual in zip(("output", "weights"), result, strict=False):
-        if actual.dtype != call.arguments["target"].dtype:
-            verb = "are" if which == "weights" else "is"
-            fail(
-                f"the {which} of {call} {verb} {actual.dtype} where the target is float32.",
-                TEXT["cross dtype"],
-            )
 
 
 def _errors(part: Part, sizes: Sizes) -> Iterator[Check]:
     """The documented errors: TypeError of forward (a mask of 0/1 integers or floats), ValueError of
     __init__ (n_heads not dividing d_model)."""
     arguments = inputs(sizes, seed=145, device=part.device, dtype=torch.float32)
-    plain = {name: value for name, value in arguments.items() if name not in ex04.WEIGHT_NAMES}
+    plain = {name: value for name, value in arguments.items() if name not in mf.MHA_WEIGHTS}
     padding = source_masks(sizes, 146, part.device)[1]
-    for wrong in (padding.long(), padding.float()):
-        condition = f"when the mask is not boolean ({engine.describe(wrong)})"
-        yield engine.raises(
-            part.call(**{**plain, "mask": wrong}), "TypeError", condition, TEXT["cross mask dtype"]
-        )
-    n_heads = next(n for n in range(sizes.n_heads + 1, 2 * sizes.d_model) if sizes.d_model % n)
-    condition = f"from __init__ when n_heads={n_heads} does not divide d_model={sizes.d_model}"
-    yield engine.raises(
-        part.call(**{**plain, "n_heads": n_heads}), "ValueError", condition, TEXT["cross n_heads"]
-    )
+    yield from mf.mask_errors(part, plain, padding, (torch.long, torch.float32))
+    yield mf.n_heads_error(part, plain, sizes, TEXT["cross n_heads"])
 
 
 @behaviour(function="CrossAttention", points=2, hints=HINTS, driver=CROSS)
 def cross_matches_torch(part: Part) -> Iterator[Check]:
     """Given nn.MultiheadAttention's weights, CrossAttention(target, source, mask) computes
     nn.MultiheadAttention(target, source, source) with the source padding mask (True = may attend)."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         for mask in source_masks(sizes, 150 + index, part.device):
             arguments = inputs(sizes, seed=150 + 10 * index, device=part.device, mask=mask)
             yield cross_check(part, arguments, sizes)
@@ -469,9 +360,7 @@ def cross_matches_torch(part: Part) -> Iterator[Check]:
             yield cross_check(part, arguments, sizes)
         # rows that allow no source position (a source of padding only, among others): zero weights;
         # visible: float32 [batch, tgt_len, src_len] and a padding mask; hidden: one by turns (per head too)
-        masks = ex04.empty_row_masks(sizes, 158 + index, part.device)
-        for number in (1, 2) if not part.hidden else ((1, 2, 4)[index],):
-            (mask, dtype), seed = masks[number], 158 + 10 * index + number
+        for mask, dtype, seed in mf.empty_row_cases(part, sizes, index, 158, (1, 2), (1, 2, 4)):
             arguments = inputs(sizes, seed=seed, device=part.device, dtype=dtype, mask=mask)
             yield cross_check(part, arguments, sizes, formula_answer, note=TEXT["rule"])
     if part.hidden:  # a target as long as the source: a swap of the two no longer shows in the shapes
@@ -483,8 +372,7 @@ def cross_matches_torch(part: Part) -> Iterator[Check]:
 def cross_source_permutation(part: Part) -> Iterator[Check]:
     """Permuting the source positions (keys and values together, and the mask) leaves the output unchanged and
     permutes the weights' columns the same way: attention has no notion of position."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         mask = source_masks(sizes, 160 + index, part.device)[1]
         arguments = inputs(sizes, seed=160 + 10 * index, device=part.device, mask=mask)
         order = torch.randperm(sizes.k_len, generator=engine.seeded_generator(165 + index))
@@ -494,7 +382,7 @@ def cross_source_permutation(part: Part) -> Iterator[Check]:
         calls = (part.call(**arguments), part.call("with the source positions permuted", **moved))
 
         def judge(*results: Any, calls=calls, sizes=sizes, order=order) -> None:
-            pairs = [family.module_pair(r, c, sizes, _hints) for r, c in zip(results, calls, strict=True)]
+            pairs = [mf.module_pair(r, c, sizes, HEAD_SHAPES) for r, c in zip(results, calls, strict=True)]
             (output, weights), (output2, weights2) = ([x.detach().cpu().double() for x in p] for p in pairs)
             for which, actual, right in (
                 ("output", output2, output),
@@ -516,15 +404,10 @@ def cross_source_permutation(part: Part) -> Iterator[Check]:
 def cross_cache(part: Part) -> Iterator[Check]:
     """With use_cache=True the source's keys and values are computed once while the same source is given, and
     recomputed for a new source: decoding step by step gives the outputs of the uncached module."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         masks = source_masks(sizes, 170 + index, part.device)
         arguments = inputs(sizes, seed=170 + 10 * index, device=part.device, mask=masks[1])
-        other = (
-            sizes
-            if not part.hidden or index != 1
-            else Sizes(sizes.batch, sizes.q_len, sizes.k_len + 2, sizes.d_model, sizes.n_heads)
-        )
+        other = sizes if not part.hidden or index != 1 else replace(sizes, k_len=sizes.k_len + 2)
         source2 = randn((other.batch, other.k_len, other.d_model), seed=175 + index, device=part.device)
         mask2 = source_masks(other, 176 + index, part.device)[1]
         yield _cache_check(part, {**arguments, "source2": source2, "mask2": mask2}, sizes, other)
@@ -554,7 +437,7 @@ def _cache_check(part: Part, arguments: dict[str, Any], sizes: Sizes, other: Siz
                 old = {**new, "source": arguments["source"]}
                 yield Mistake(TEXT["stale"], ex04.forward(_as_mha(old))[0])
 
-        pair = family.module_pair(new_source, call, other, _hints)
+        pair = mf.module_pair(new_source, call, other, HEAD_SHAPES)
         where = "the output for a new source after decoding with the first one (use_cache=True)"
         assert_values(
             pair[0],
@@ -623,15 +506,10 @@ def _judge_source_kv(keys_values: Any, counts: Any, arguments: dict[str, Any], s
 def cross_from_scratch(part: Part) -> Iterator[Check]:
     """CrossAttention is correct and calls no built-in attention (F.scaled_dot_product_attention,
     nn.MultiheadAttention's forward)."""
-    rule = family.from_scratch("cross-attention")
-    if not part.hidden:
-        yield from engine.correct_first(cross_matches_torch.plan(part), part.function)
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    calls = []
-    for index, sizes in enumerate(cases):
-        for mask in source_masks(sizes, 180 + index, part.device):
-            calls.append(part.call(**inputs(sizes, seed=180 + 10 * index, device=part.device, mask=mask)))
-    yield rule.check(calls)
+    cases = mf.cases(part, VISIBLE, HIDDEN)
+    return mf.from_scratch(
+        part, "cross-attention", cross_matches_torch, cases, inputs, source_masks, seed=180
+    )
 
 
 # ==================================================================================================
@@ -639,44 +517,17 @@ def cross_from_scratch(part: Part) -> Iterator[Check]:
 
 
 ATTENTIONS = {"self": "self_attn", "cross": "multihead_attn"}  # prefix -> nn.TransformerDecoderLayer's
-LAYER_WEIGHTS = family.layer_weight_names(ATTENTIONS, 3)
-
-
-def layer_weights(sizes: Sizes, *, seed: int, device, dtype=torch.float64) -> dict[str, torch.Tensor]:
-    """Weights of ``nn.TransformerDecoderLayer(d_model, n_heads, d_ff)``, drawn (layer norms near 1 and 0)."""
-    return family.layer_weights(
-        sizes.d_model, sizes.d_ff, ATTENTIONS, 3, seed=seed, device=device, dtype=dtype
-    )
+LAYER_WEIGHTS = mf.layer_weight_names(ATTENTIONS, 3)
 
 
 def build_torch_layer(arguments: dict[str, Any]) -> nn.TransformerDecoderLayer:
     """``nn.TransformerDecoderLayer(batch_first=True, dropout=0)`` with the weights of ``arguments``."""
-    w = arguments
-    layer = nn.TransformerDecoderLayer(
-        w["d_model"],
-        w["n_heads"],
-        w["d_ff"],
-        dropout=0.0,
-        batch_first=True,
-        norm_first=w["norm_first"],
-        device=w["x"].device,
-        dtype=w["self_in_w"].dtype,
-    )
-    return family.load_layer_weights(layer, w, ATTENTIONS).eval()
-
-
-def _prepare_layer(**arguments: Any) -> dict[str, Any]:
-    rest = {name: value for name, value in arguments.items() if name not in LAYER_WEIGHTS}
-    return {**rest, "torch_layer": build_torch_layer(arguments)}
+    return mf.torch_layer(nn.TransformerDecoderLayer, arguments, ATTENTIONS, dropout=0.0)
 
 
 def _layer(cls: Any, d_model, n_heads, d_ff, norm_first, torch_layer, like: torch.Tensor) -> Any:
-    layer = cls(d_model, n_heads, d_ff, norm_first=norm_first).to(dtype=like.dtype, device=like.device)
-    layer.self_attn.load_torch_weights(torch_layer.self_attn)
-    layer.cross_attn.load_torch_weights(torch_layer.multihead_attn)
-    for name in ("linear1", "linear2", "norm1", "norm2", "norm3"):
-        getattr(layer, name).load_state_dict(getattr(torch_layer, name).state_dict())
-    return layer.eval()
+    layer = mf.learner_module(cls, d_model, n_heads, d_ff, like=like, norm_first=norm_first)
+    return mf.load_torch_layer(layer, torch_layer).eval()
 
 
 def _decode(
@@ -699,7 +550,8 @@ def _steps(cls: Any, *, d_model, n_heads, d_ff, norm_first, torch_layer, x, memo
     return torch.stack(outputs, dim=1)
 
 
-DECODE, STEPS = Driver(_decode, _prepare_layer), Driver(_steps, _prepare_layer)
+PREPARE = mf.prepare_layer(build_torch_layer, LAYER_WEIGHTS)
+DECODE, STEPS = Driver(_decode, PREPARE), Driver(_steps, PREPARE)
 
 
 @dataclass(frozen=True)
@@ -720,55 +572,20 @@ class Layer:
 
 def decoder(arguments: dict[str, Any], row: Layer = Layer()) -> torch.Tensor:
     """The decoder layer's output as ``row`` computes it, in float64 (check code)."""
-    a = {
-        k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-        for k, v in arguments.items()
-    }
-    h = a["n_heads"]
-
-    def attention(prefix: str, x: torch.Tensor, memory: torch.Tensor, mask) -> torch.Tensor:
-        weights = {
-            "in_proj_weight": a[f"{prefix}_in_w"],
-            "in_proj_bias": a[f"{prefix}_in_b"],
-            "out_proj_weight": a[f"{prefix}_out_w"],
-            "out_proj_bias": a[f"{prefix}_out_b"],
-        }
-        call = {"d_model": a["d_model"], "n_heads": h, **weights, "query": x, "key": memory, "value": memory}
-        return ex04.forward({**call, "mask": mask})[0]
-
-    def norm(n: int, x: torch.Tensor) -> torch.Tensor:
-        n = row.norms[n - 1]
-        return F.layer_norm(x, x.shape[-1:], a[f"norm{n}_w"], a[f"norm{n}_b"])
-
-    act = F.relu if row.activation == "relu" else F.gelu
-
-    def feed_forward(x: torch.Tensor) -> torch.Tensor:
-        return F.linear(act(F.linear(x, a["linear1_w"], a["linear1_b"])), a["linear2_w"], a["linear2_b"])
-
-    memory = a["memory"]
+    a = family.cast(arguments, torch.float64)
+    memory = mf.layer_norm(a, row.norms[1], a["memory"]) if row.memory_normalised else a["memory"]
     self_mask = a.get("self_mask") if row.self_mask else None
     memory_mask = a.get("memory_mask") if row.memory_mask else None
+    activation = F.relu if row.activation == "relu" else F.gelu
     sublayers = {
-        "self": lambda y: attention("self", y, y, self_mask),
-        "cross": lambda y: attention(
-            "cross", y, norm(2, memory) if row.memory_normalised else memory, memory_mask
-        ),
-        "ffn": feed_forward,
+        "self": lambda y: ex04.forward(mf.layer_attention(a, "self", y, y, self_mask))[0],
+        "cross": lambda y: ex04.forward(mf.layer_attention(a, "cross", y, memory, memory_mask))[0],
+        "ffn": lambda y: mf.feed_forward(a, y, activation),
     }
-    if row.norm_first == "as given":
-        pre = a["norm_first"]
-    else:
-        pre = row.norm_first == "inverted" and not a["norm_first"]
-    x = a["x"]
     order = [name.strip() for name in row.order.split(",")] + ["ffn"]
-    for n, name in enumerate(order, start=1):  # the norms go by position: norm1 for the first sub-layer
-        keep = x if row.residual[("self", "cross", "ffn").index(name)] else 0
-        if pre:
-            x = keep + sublayers[name](norm(n, x))
-        else:
-            x = keep + sublayers[name](x)
-            x = norm(n, x) if (n != 3 or row.final_norm) else x
-    return x
+    kept = [row.residual[("self", "cross", "ffn").index(name)] for name in order]
+    # the norms go by position: norm1 for the first sub-layer
+    return mf.residuals(a, [sublayers[name] for name in order], row, kept)
 
 
 DECODER_ROWS = (
@@ -797,10 +614,7 @@ def decoder_mistakes(arguments: dict[str, Any]) -> Iterator[Mistake]:
 
 def torch_decoder(arguments: dict[str, Any]) -> torch.Tensor:
     """``nn.TransformerDecoderLayer``'s output, float64, masks negated (``True`` = blocked there)."""
-    wide = {
-        k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-        for k, v in arguments.items()
-    }
+    wide = family.cast(arguments, torch.float64)
     layer = build_torch_layer(wide)
     self_mask, memory_mask = wide.get("self_mask"), wide.get("memory_mask")
     with torch.no_grad():
@@ -815,16 +629,12 @@ def torch_decoder(arguments: dict[str, Any]) -> torch.Tensor:
 def layer_inputs(sizes: Sizes, *, seed: int, device, norm_first: bool, dtype=torch.float64) -> dict[str, Any]:
     """The arguments of one decoder-layer call: sizes, weights, ``x``, ``memory``, the causal mask
     ``[tgt_len, tgt_len]`` and a source padding mask ``[batch, 1, 1, src_len]``."""
-    x = randn((sizes.batch, sizes.q_len, sizes.d_model), seed=seed, device=device, dtype=dtype)
-    memory = randn((sizes.batch, sizes.k_len, sizes.d_model), seed=seed + 1, device=device, dtype=dtype)
+    weights = mf.layer_weights(sizes, ATTENTIONS, 3, seed=seed + 10, device=device, dtype=dtype)
+    sized = {"d_model": sizes.d_model, "n_heads": sizes.n_heads, "d_ff": sizes.d_ff, "norm_first": norm_first}
     return {
-        "d_model": sizes.d_model,
-        "n_heads": sizes.n_heads,
-        "d_ff": sizes.d_ff,
-        "norm_first": norm_first,
-        **layer_weights(sizes, seed=seed + 10, device=device, dtype=dtype),
-        "x": x,
-        "memory": memory,
+        **sized,
+        **weights,
+        **mf.sequences(sizes, ("x", "memory"), seed=seed, device=device, dtype=dtype),
         "self_mask": torch.ones(sizes.q_len, sizes.q_len, dtype=torch.bool, device=device).tril(),
         "memory_mask": source_masks(sizes, seed + 5, device)[1],
     }
@@ -859,7 +669,7 @@ def decoder_check(part: Part, arguments: dict[str, Any], sizes: Sizes) -> Check:
 def decoder_matches_torch(part: Part) -> Iterator[Check]:
     """DecoderLayer (masked self-attention, cross-attention, feed-forward; each with its residual and layer
     norm) computes what nn.TransformerDecoderLayer computes given the same weights, post-LN and pre-LN."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
+    cases = mf.cases(part, VISIBLE, HIDDEN)
     for index, sizes in enumerate(cases):
         for norm_first in (False, True):
             arguments = layer_inputs(sizes, seed=200 + 10 * index, device=part.device, norm_first=norm_first)
@@ -867,10 +677,8 @@ def decoder_matches_torch(part: Part) -> Iterator[Check]:
     # the docstring's TypeError: the causal mask as 0/1 floats, the padding mask as 0/1 integers
     arguments = layer_inputs(cases[0], seed=205, device=part.device, norm_first=False)
     for name, kind in (("self_mask", torch.float64), ("memory_mask", torch.long)):
-        wrong = arguments[name].to(kind)
-        condition = f"when {name} is not boolean ({engine.describe(wrong)})"
-        call = part.call(**{**arguments, name: wrong})
-        yield engine.raises(call, "TypeError", condition, TEXT["decoder mask dtype"])
+        hint = TEXT["decoder mask dtype"]
+        yield from mf.mask_errors(part, arguments, arguments[name], (kind,), hint, name, what=name)
 
 
 @behaviour(function="DecoderLayer", points=1, hints=HINTS, driver=STEPS)
@@ -878,27 +686,17 @@ def decoder_step_by_step(part: Part) -> Iterator[Check]:
     """Decoding step by step (the target so far, its causal mask, use_cache=True) gives at each step the last
     position's output of the whole target at once: the causal mask hides the future, the cache changes
     nothing."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         for norm_first in (False, True):
             arguments = layer_inputs(sizes, seed=220 + 10 * index, device=part.device, norm_first=norm_first)
-            del arguments["self_mask"]
+            causal = arguments.pop("self_mask")
             call = part.call(**arguments)
 
-            def judge(result: Any, arguments=arguments, call=call) -> None:
-                full = {
-                    **arguments,
-                    "self_mask": torch.ones(
-                        arguments["x"].size(1),
-                        arguments["x"].size(1),
-                        dtype=torch.bool,
-                        device=arguments["x"].device,
-                    ).tril(),
-                }
-                expected = torch_decoder(full)
+            def judge(result: Any, arguments=arguments, call=call, causal=causal) -> None:
+                full = {**arguments, "self_mask": causal}
                 assert_values(
                     result,
-                    expected,
+                    torch_decoder(full),
                     f"the step-by-step outputs of {call}",
                     dtype=torch.float64,
                     mistakes=lambda: decoder_mistakes(full),

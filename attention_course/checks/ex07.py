@@ -27,6 +27,7 @@ from torch import nn
 
 from attention_course.checks import attention_family as family
 from attention_course.checks import engine, ex04
+from attention_course.checks import module_family as mf
 from attention_course.checks.engine import (
     Check,
     Driver,
@@ -40,6 +41,7 @@ from attention_course.checks.engine import (
     fail,
     randn,
 )
+from attention_course.checks.module_family import Sizes
 
 HINTS = family.exception_hints("""
 attribute 'self_attn' | attribute 'linear1' | attribute 'linear2' | attribute 'norm1' | attribute 'norm2':
@@ -207,19 +209,9 @@ generate raises ValueError: generate_greedy, generate_sampling; max_new_tokens <
 """)
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """The sizes of one block call; ``q_len == k_len`` (self-attention)."""
-
-    batch: int
-    length: int
-    d_model: int
-    n_heads: int
-    d_ff: int
-
-
-VISIBLE = Sizes(2, 6, 12, 3, 20)
-HIDDEN = (Sizes(3, 5, 20, 5, 28), Sizes(1, 7, 8, 2, 12), Sizes(2, 4, 16, 4, 36))
+# the sizes of one block call; q_len == k_len, the length (self-attention)
+VISIBLE = Sizes(2, 6, 6, 12, 3, d_ff=20)
+HIDDEN = (Sizes(3, 5, 5, 20, 5, d_ff=28), Sizes(1, 7, 7, 8, 2, d_ff=12), Sizes(2, 4, 4, 16, 4, d_ff=36))
 
 
 # ==================================================================================================
@@ -237,41 +229,18 @@ def mha_carried_over(part: Part) -> Iterator[Check]:
 # 2. the block: weights as data, the driver, PyTorch's answer, the mistakes
 
 ATTENTIONS = {"self": "self_attn"}  # prefix -> nn.TransformerEncoderLayer's attention
-BLOCK_WEIGHTS = family.layer_weight_names(ATTENTIONS, 2)
+BLOCK_WEIGHTS = mf.layer_weight_names(ATTENTIONS, 2)
 SUBLAYERS = ("self_attn", "norm1", "linear1", "linear2", "norm2")  # the sub-modules the dropout cell watches
 DROPOUT = 0.5  # the dropout cell's probability: kept values are scaled by 1 / (1 - DROPOUT) = 2
 
 
-def block_weights(sizes: Sizes, *, seed: int, device, dtype=torch.float64) -> dict[str, torch.Tensor]:
-    """Weights of ``nn.TransformerEncoderLayer(d_model, n_heads, d_ff)`` (layer norms near 1 and 0)."""
-    return family.layer_weights(
-        sizes.d_model, sizes.d_ff, ATTENTIONS, 2, seed=seed, device=device, dtype=dtype
+def build_torch_block(arguments: dict[str, Any]) -> nn.TransformerEncoderLayer:
+    """``nn.TransformerEncoderLayer(batch_first=True, dropout=0)`` with the weights of ``arguments``, in eval
+    mode."""
+    activation = arguments.get("activation") or "relu"
+    return mf.torch_layer(
+        nn.TransformerEncoderLayer, arguments, ATTENTIONS, dropout=0.0, activation=activation
     )
-
-
-def build_torch_block(arguments: dict[str, Any], dropout: float = 0.0) -> nn.TransformerEncoderLayer:
-    """``nn.TransformerEncoderLayer(batch_first=True)`` with the weights of ``arguments``, in eval mode."""
-    w = arguments
-    layer = nn.TransformerEncoderLayer(
-        w["d_model"],
-        w["n_heads"],
-        w["d_ff"],
-        dropout=dropout,
-        activation=w.get("activation") or "relu",
-        batch_first=True,
-        norm_first=w["norm_first"],
-        device=w["x"].device,
-        dtype=w["self_in_w"].dtype,
-    )
-    return family.load_layer_weights(layer, w, ATTENTIONS).eval()
-
-
-def _prepare_block(**arguments: Any) -> dict[str, Any]:
-    """The driver's arguments: PyTorch's layer with the weights, or ``None`` for a call without weights (a
-    documented error, raised by the constructor or the first forward)."""
-    rest = {name: value for name, value in arguments.items() if name not in BLOCK_WEIGHTS}
-    weighted = "self_in_w" in arguments
-    return {**rest, "torch_layer": build_torch_block(arguments) if weighted else None}
 
 
 def _block(
@@ -282,13 +251,8 @@ def _block(
     options = {"norm_first": norm_first}
     options |= {"dropout": dropout} if dropout is not None else {}
     options |= {"activation": activation} if activation is not None else {}
-    block = cls(d_model, n_heads, d_ff, **options)
-    block = block.to(dtype=like.dtype, device=like.device)
-    if torch_layer is not None:
-        block.self_attn.load_torch_weights(torch_layer.self_attn)
-        for name in ("linear1", "linear2", "norm1", "norm2"):
-            getattr(block, name).load_state_dict(getattr(torch_layer, name).state_dict())
-    return block.eval()
+    block = mf.learner_module(cls, d_model, n_heads, d_ff, like=like, **options)
+    return (mf.load_torch_layer(block, torch_layer) if torch_layer is not None else block).eval()
 
 
 def _forward(
@@ -344,9 +308,9 @@ def _dropout(cls: Any, *, d_model, n_heads, d_ff, norm_first, torch_layer, x, ma
     return (watched, trained, *evaluated, default, inside)
 
 
-FORWARD = Driver(_forward, _prepare_block)
-PARAMETERS = Driver(_parameters, _prepare_block)
-DROPOUTS = Driver(_dropout, _prepare_block)
+PREPARE = mf.prepare_layer(build_torch_block, BLOCK_WEIGHTS)  # (no weights: a documented error)
+FORWARD, PARAMETERS = Driver(_forward, PREPARE), Driver(_parameters, PREPARE)
+DROPOUTS = Driver(_dropout, PREPARE)
 
 
 @dataclass(frozen=True)
@@ -375,38 +339,9 @@ def block(arguments: dict[str, Any], row: Block = Block()) -> torch.Tensor:
     elif mask is not None and row.mask != "as given":
         mask = None if row.mask == "ignored" else ~mask
 
-    def attention(x: torch.Tensor) -> torch.Tensor:
-        weights = {
-            "in_proj_weight": a["self_in_w"],
-            "in_proj_bias": a["self_in_b"],
-            "out_proj_weight": a["self_out_w"],
-            "out_proj_bias": a["self_out_b"],
-        }
-        call = {"d_model": a["d_model"], "n_heads": a["n_heads"], **weights, "query": x, "key": x, "value": x}
-        return ex04.forward({**call, "mask": mask})[0]
-
-    def norm(n: int, x: torch.Tensor) -> torch.Tensor:
-        n = row.norms[n - 1]
-        return F.layer_norm(x, x.shape[-1:], a[f"norm{n}_w"], a[f"norm{n}_b"])
-
     act = ACTIVATIONS[a.get("activation") or "relu" if row.activation == "as given" else row.activation]
-
-    def feed_forward(x: torch.Tensor) -> torch.Tensor:
-        return F.linear(act(F.linear(x, a["linear1_w"], a["linear1_b"])), a["linear2_w"], a["linear2_b"])
-
-    if row.norm_first == "as given":
-        pre = a["norm_first"]
-    else:
-        pre = row.norm_first == "inverted" and not a["norm_first"]
-    x = a["x"]
-    for n, sublayer in ((1, attention), (2, feed_forward)):
-        keep = x if row.residual[n - 1] else 0
-        if pre:
-            x = keep + sublayer(norm(n, x))
-        else:
-            x = keep + sublayer(x)
-            x = norm(n, x) if (n == 1 or row.final_norm) else x
-    return x
+    attention = lambda x: ex04.forward(mf.layer_attention(a, "self", x, x, mask))[0]  # noqa: E731
+    return mf.residuals(a, (attention, lambda x: mf.feed_forward(a, x, act)), row, row.residual)
 
 
 BLOCK_ROWS = (
@@ -433,13 +368,10 @@ def block_mistakes(arguments: dict[str, Any]) -> Iterator[Mistake]:
 def torch_block(arguments: dict[str, Any], dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """``nn.TransformerEncoderLayer``'s output in ``dtype``, the mask negated (``True`` = blocked there)."""
     wide = family.cast(arguments, dtype)
-    layer, mask, x = build_torch_block(wide), wide.get("mask"), wide["x"]
-    blocked = None
-    if mask is not None:
-        batch, length, heads = x.size(0), x.size(1), wide["n_heads"]
-        blocked = ~mask.expand(batch, heads, length, length).reshape(batch * heads, length, length)
+    x = wide["x"]
+    blocked = mf.blocked(wide.get("mask"), (x.size(0), wide["n_heads"], x.size(1), x.size(1)))
     with torch.no_grad():
-        return layer(x, src_mask=blocked)
+        return build_torch_block(wide)(x, src_mask=blocked)
 
 
 def block_inputs(
@@ -456,9 +388,8 @@ def block_inputs(
     with a padding mask (``[batch, 1, len, len]``); ``"causal"`` (``[len, len]``); ``"padding"`` (``[batch,
     1, 1, len]``); ``"none"`` (``None``). The first sequence is two tokens shorter; every query keeps key 0.
     ``activation`` is passed when given."""
-    x = randn((sizes.batch, sizes.length, sizes.d_model), seed=seed, device=device, dtype=dtype)
-    causal = torch.ones(sizes.length, sizes.length, dtype=torch.bool, device=device).tril()
-    padding = torch.ones(sizes.batch, sizes.length, dtype=torch.bool, device=device)
+    causal = torch.ones(sizes.q_len, sizes.q_len, dtype=torch.bool, device=device).tril()
+    padding = torch.ones(sizes.batch, sizes.q_len, dtype=torch.bool, device=device)
     padding[0, -2:] = False  # the first sequence is two tokens shorter
     masks = {
         "both": causal & padding[:, None, None, :],
@@ -471,8 +402,8 @@ def block_inputs(
         "n_heads": sizes.n_heads,
         "d_ff": sizes.d_ff,
         "norm_first": norm_first,
-        **block_weights(sizes, seed=seed + 10, device=device, dtype=dtype),
-        "x": x,
+        **mf.layer_weights(sizes, ATTENTIONS, 2, seed=seed + 10, device=device, dtype=dtype),
+        **mf.sequences(sizes, ("x",), seed=seed, device=device, dtype=dtype),
         "mask": masks[mask],
         **({"activation": activation} if activation is not None else {}),
     }
@@ -505,7 +436,7 @@ CASES = (
 # documented errors: (sizes, activation) of the visible part, then of the hidden part
 BLOCK_ERRORS = (
     ((VISIBLE, "swish"),),
-    ((HIDDEN[1], "tanh"), (Sizes(1, 7, 8, 3, 12), None)),
+    ((HIDDEN[1], "tanh"), (Sizes(1, 7, 7, 8, 3, d_ff=12), None)),
 )
 
 
@@ -578,7 +509,7 @@ def block_matches_torch(part: Part) -> Iterator[Check]:
             # the first two cases of each size (both norm_first, the same inputs) keep their seeds of before
             yield _block_check(part, sizes, case, seed=320 + 10 * index + (100 * number if number > 1 else 0))
     for sizes, activation in BLOCK_ERRORS[part.hidden]:
-        x = randn((sizes.batch, sizes.length, sizes.d_model), seed=390, device=part.device)
+        x = randn((sizes.batch, sizes.q_len, sizes.d_model), seed=390, device=part.device)
         given = {"activation": activation} if activation is not None else {}
         call = part.call(
             d_model=sizes.d_model, n_heads=sizes.n_heads, d_ff=sizes.d_ff, norm_first=False, **given, x=x
@@ -595,10 +526,9 @@ def block_matches_torch(part: Part) -> Iterator[Check]:
 def block_parameters(part: Part) -> Iterator[Check]:
     """The block has 4 d^2 + 4 d (attention) + 2 d d_ff + d_ff + d (feed-forward) + 4 d (two layer norms)
     parameters, and every one of them gets a gradient."""
-    cases = (VISIBLE,) if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
+    for index, sizes in enumerate(mf.cases(part, VISIBLE, HIDDEN)):
         arguments = block_inputs(sizes, seed=340 + 10 * index, device=part.device, norm_first=index % 2 == 1)
-        probe = randn((sizes.batch, sizes.length, sizes.d_model), seed=349 + index, device=part.device)
+        probe = randn((sizes.batch, sizes.q_len, sizes.d_model), seed=349 + index, device=part.device)
         call = part.call(**arguments, probe=probe)
 
         def judge(result: Any, call=call, sizes=sizes) -> None:
@@ -616,12 +546,7 @@ def block_parameters(part: Part) -> Iterator[Check]:
                     f"the block of {call} has {total} parameters, expected {expected}.",
                     causes.get(total, "the sub-modules are not those of the task"),
                 )
-            for name, _, grad in result:
-                if not isinstance(grad, torch.Tensor) or not torch.isfinite(grad).all():
-                    fail(
-                        f"the parameter {name} gets no gradient through {call}.",
-                        "it is not used in forward, or is frozen, or used through .data",
-                    )
+            mf.gradients_reach(result, call, "it is not used in forward, or is frozen, or used through .data")
 
         yield Check(call, judge)
 

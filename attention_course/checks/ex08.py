@@ -5,9 +5,10 @@ parts, with the reference on more sizes and dtypes. RoPE is checked on a ``d = 4
 written out (``cos 1``, ``sin 0.1``, ...): properties such as "norms are preserved" or "scores depend on
 ``m - n``" hold for both pairings and for a rotation in the wrong direction, so only values tell them apart.
 
-The functions that make a tensor from sizes take ``dtype`` and ``device``: a dtype is not data, so its name
-travels (``dtype="torch.float64"``) and :data:`DTYPED` turns it into the dtype in the learner's process; the
-device is checked on ``meta``, a device of shapes without data, so that it needs no GPU.
+The functions that make a tensor from sizes take ``dtype`` and ``device``, checked as
+:mod:`~attention_course.checks.position_family` checks them: the dtype by name, the device on ``meta`` (a
+device of shapes without data, so that it needs no GPU). Their known mistakes, as RoPE's, are rows of one
+parametrised computation of check code (:func:`sinusoid`, :func:`rope`, :func:`slopes`, :func:`bias`).
 """
 
 from __future__ import annotations
@@ -19,18 +20,8 @@ from typing import Any
 import torch
 
 from attention_course.checks import engine
-from attention_course.checks.engine import (
-    Call,
-    Check,
-    Driver,
-    Mistake,
-    Part,
-    assert_values,
-    behaviour,
-    fail,
-    meta_ready,
-    randn,
-)
+from attention_course.checks.engine import Call, Check, Part, assert_values, behaviour, fail, randn
+from attention_course.checks.position_family import DTYPED, HERE, META, made_check, named, row_mistakes
 
 TEXT = engine.table("""
 cos sin swapped: sines and cosines are swapped: PE[pos, 2i] = sin, PE[pos, 2i + 1] = cos
@@ -91,10 +82,6 @@ slopes validation: check n_heads first: `if n_heads < 1: raise ValueError(...)` 
     slopes; 2^(-8h/n) would divide by zero)
 slopes wrong: alibi_bias takes its slopes from alibi_slopes(n_heads): fix alibi_slopes first (its test cells
     say what is wrong)
-dtype ignored: the dtype argument is ignored: make the result in dtype (float32 by default), as in
-    torch.tensor(values, dtype=dtype), or cast it at the end with .to(dtype)
-device ignored: the device argument is ignored: create every tensor with device=device (torch.arange(...,
-    device=device), torch.tensor(values, device=device)), or move the result at the end with .to(device)
 slopes n_heads 1 1: return the slopes as a vector [n_heads], without the axes for broadcasting
 bias 1 n_heads q_len k_len: return [n_heads, q_len, k_len], without the batch axis
 bias n_heads k_len q_len: the bias is transposed: bias[h, i, j] for query i and key j
@@ -159,59 +146,7 @@ alibi_bias later keys: alibi_bias_square; positive slope * (j - i) for keys afte
 """)
 
 
-def _shape_hints(kind: str, **sizes: int) -> dict[tuple[int, ...], str]:
-    return engine.shapes(TEXT, kind, **sizes)
-
-
-# --- the dtype and the device of a tensor made from sizes
-
-
-def _named_dtype(fn: Any, **arguments: Any) -> Any:
-    """Call ``fn`` with its ``dtype`` argument, which travels as a name ("torch.float64"), as the dtype.
-
-    PyTorch raises ``NotImplementedError`` when data is read from a ``meta`` tensor: raised again as a
-    ``RuntimeError``, so that the engine does not take it for the blank stub's."""
-    if isinstance(arguments.get("dtype"), str):
-        arguments["dtype"] = dtype_of(arguments["dtype"])
-    try:
-        return fn(**arguments)
-    except NotImplementedError as error:
-        if "meta" not in str(error):
-            raise
-        raise RuntimeError(str(error)).with_traceback(error.__traceback__) from None
-
-
-DTYPED = Driver(_named_dtype)
-META = torch.device("meta")
 engine.meta_ready_in_a_notebook()  # the set-up cell imports the checks: no test cell waits for it
-
-
-def dtype_of(name: str) -> torch.dtype:
-    return getattr(torch, name.removeprefix("torch."))
-
-
-def assert_made(result: Any, call: Call, where: str, shape, hints: dict | None = None) -> None:
-    """Fail unless ``result`` is a tensor of ``shape`` with the ``dtype`` and on the ``device`` that ``call``
-    asks for (float32 and the CPU by default): the promise of a function that makes a tensor from sizes."""
-    name, place = call.arguments.get("dtype"), call.arguments.get("device")
-    dtype, device = dtype_of(name) if name else torch.float32, torch.device(place or "cpu")
-    engine.assert_shape(result, where, shape, hints, dtype)
-    if result.dtype != dtype:
-        asked = f"dtype={name}" if name else "the default dtype, torch.float32,"
-        fail(
-            f"{where} has dtype {result.dtype}, but {asked} asks for {dtype}.",
-            TEXT["dtype ignored"],
-            expected=str(dtype),
-            got=str(result.dtype),
-        )
-    if result.device.type != device.type or device.index not in (None, result.device.index):
-        asked = f"device='{place}'" if place is not None else "the default device, the CPU,"
-        fail(
-            f"{where} is on {result.device}, but {asked} asks for {device}.",
-            TEXT["device ignored"],
-            expected=str(device),
-            got=str(result.device),
-        )
 
 
 # --- 1. sinusoidal encodings
@@ -236,14 +171,8 @@ def sinusoid(max_len: int, d_model: int, row: str = "", base: float = 10000.0) -
     return torch.stack((first, second), dim=-1).flatten(1)
 
 
-SINUSOID_ROWS = (
-    "cos sin swapped",
-    "halves",
-    "feature exponent",
-    "double exponent",
-    "base multiplied",
-    "from one",
-)
+SINUSOID_ROWS = ("cos sin swapped", "halves", "feature exponent", "double exponent", "base multiplied")
+SINUSOID_ROWS += ("from one",)
 # the cases of the documented arguments, besides the sizes: base, dtype (by name) and device; "meta" results
 # have a shape, a dtype and a device but no values
 SINUSOID_OPTIONS = {
@@ -262,6 +191,7 @@ SINUSOID_OPTIONS = {
         {"max_len": 6, "d_model": 4, "dtype": "torch.float64", "device": "cpu"},
         {"max_len": 4, "d_model": 2, "device": "meta"},
         {"max_len": 2, "d_model": 12, "dtype": "torch.bfloat16", "device": META},
+        {"max_len": 5, "d_model": 6, "device": HERE},
     ),
 }
 
@@ -275,33 +205,14 @@ def sinusoidal_values(part: Part) -> Iterator[Check]:
     result has float64's precision), on ``device`` (checked on ``meta``); ``ValueError`` for an odd
     ``d_model``.
     """
-    meta_ready()
     sizes = ((12, 8), (40, 16)) if not part.hidden else ((1, 2), (64, 6), (30, 128), (7, 64))
-    cases = [{"max_len": m, "d_model": d} for m, d in sizes] + list(SINUSOID_OPTIONS[part.hidden])
-    if part.hidden:
-        cases.append({"max_len": 5, "d_model": 6, "device": part.device})
-    for arguments in cases:
-        call = part.call(**arguments)
-        max_len, d_model, base = arguments["max_len"], arguments["d_model"], arguments.get("base", 10000.0)
-        expected = None
-        if torch.device(arguments.get("device") or "cpu") != META:
-            expected = (
-                part.reference(max_len, d_model, base, dtype=torch.float64)
-                if part.hidden
-                else sinusoid(max_len, d_model, base=base)
-            )
-
-        def judge(result: Any, call=call, expected=expected, sizes=(max_len, d_model, base)) -> None:
-            max_len, d_model, base = sizes
-            rows = (*SINUSOID_ROWS, "base ignored") if base != 10000.0 else SINUSOID_ROWS
-            mistakes = lambda: (Mistake(TEXT[row], sinusoid(max_len, d_model, row, base)) for row in rows)  # noqa: E731
-            hints = _shape_hints("encoding", max_len=max_len, d_model=d_model)
-            where = f"the result of {call}"
-            if expected is not None:
-                assert_values(result, expected, where, mistakes=mistakes, hints=hints)
-            assert_made(result, call, where, (max_len, d_model), hints)
-
-        yield Check(call, judge)
+    for arguments in named(("max_len", "d_model"), (*sizes, *SINUSOID_OPTIONS[part.hidden])):
+        max_len, d_model = arguments["max_len"], arguments["d_model"]
+        rows = (
+            (*SINUSOID_ROWS, "base ignored") if arguments.get("base", 10000.0) != 10000.0 else SINUSOID_ROWS
+        )
+        hints = engine.shapes(TEXT, "encoding", max_len=max_len, d_model=d_model)
+        yield made_check(part, arguments, (max_len, d_model), hints, sinusoid, rows, TEXT)
     for d_model in (7,) if not part.hidden else (1, 129):
         yield engine.raises(part.call(max_len=4, d_model=d_model), "ValueError", "if d_model is odd")
 
@@ -340,15 +251,8 @@ def rope(
     return x * spread(angles.cos()) + sign * swapped * spread(angles.sin())
 
 
-ROPE_ROWS = (
-    "reversed",
-    "repeat mixed",
-    "cat mixed",
-    "rope exponent",
-    "rope base multiplied",
-    "base ignored",
-    "positions ignored",
-)
+ROPE_ROWS = ("reversed", "repeat mixed", "cat mixed", "rope exponent", "rope base multiplied", "base ignored")
+ROPE_ROWS += ("positions ignored",)
 
 
 def by_hand(interleaved: bool) -> torch.Tensor:
@@ -362,44 +266,67 @@ def by_hand(interleaved: bool) -> torch.Tensor:
 
 
 def _rope_check(part: Part, x, positions, base: float, interleaved: bool, expected=None, label="") -> Check:
-    arguments = {"x": x, "positions": positions, "base": base}
-    if interleaved:
-        arguments["interleaved"] = True
+    """apply_rope(x [..., len, d], positions [len] or [batch, len], base, interleaved) against ``expected``
+    (default: the reference, hidden, or :func:`rope`), in x's dtype."""
+    arguments = {"x": x, "positions": positions, "base": base} | (
+        {"interleaved": True} if interleaved else {}
+    )
     call = part.call(label, **arguments)
     if expected is None:
-        if part.hidden:
-            expected = part.reference(x.double(), positions, base, interleaved)
-        else:
-            expected = rope(x, positions, base, interleaved)
+        answer = part.reference if part.hidden else rope
+        expected = answer(x.double() if part.hidden else x, positions, base, interleaved)
     rows = [r for r in ROPE_ROWS if not (r == "base ignored" and base == 10000.0)]
     rows.append("half for interleaved" if interleaved else "interleaved for half")
     rows += ["positions truncated"] if positions.is_floating_point() else []
 
     def judge(result: Any) -> None:
-        mistakes = lambda: (Mistake(TEXT[row], rope(x, positions, base, interleaved, row)) for row in rows)  # noqa: E731
+        mistakes = row_mistakes(TEXT, rows, lambda row: rope(x, positions, base, interleaved, row))
         assert_values(result, expected, f"the result of {call}", dtype=x.dtype, mistakes=mistakes)
 
     return Check(call, judge, untouched=True)
 
 
-def _rope_inputs(part: Part, interleaved: bool) -> Iterator[Check]:
-    hand = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]], dtype=torch.float64, device=part.device)  # [1, 1, d = 4]
-    one = torch.tensor([1], device=part.device)
-    yield _rope_check(part, hand, one, 100.0, interleaved, by_hand(interleaved), "worked out by hand")
-    # x of 4, 3 and 2 axes ([..., len, d]); integer positions, and float ones (float32, float64)
-    cases = [((2, 3, 5, 8), [0, 3, 1, 7, 2], 10000.0), ((2, 6, 4), [4, 5, 6, 7, 8, 9], 500.0)]
-    cases += [((4, 6), [2, 0, 5, 1], 100.0), ((2, 5, 6), [0.5, 1.25, 2.0, 7.75, 3.5], 10000.0)]
-    if part.hidden:
-        cases = [
-            ((3, 2, 7, 16), [5, 0, 2, 9, 1, 3, 30], 10000.0),
-            ((1, 4, 3, 64), [100, 101, 102], 10000.0),
-            ((5, 6), [0, 1, 2, 3, 4], 10.0),
-            ((2, 2, 9, 10), list(range(9)), 1000.0),
-            ((3, 4, 8), torch.tensor([0.25, 10.5, 100.75, 3.0], dtype=torch.float64), 1000.0),
-        ]
+def _rope_checks(part: Part, cases, interleaved: bool, seed: int, hand: bool = False) -> Iterator[Check]:
+    """A check of each ``(x's shape, positions, base)`` of ``cases``, x drawn from ``seed`` on; first, with
+    ``hand``, the case :func:`by_hand`."""
+    if hand:
+        x = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]], dtype=torch.float64, device=part.device)  # [1, 1, d = 4]
+        one = torch.tensor([1], device=part.device)
+        yield _rope_check(part, x, one, 100.0, interleaved, by_hand(interleaved), "worked out by hand")
     for index, (shape, positions, base) in enumerate(cases):
-        x = randn(shape, seed=40 + index, device=part.device)
+        x = randn(shape, seed=seed + index, device=part.device)
         yield _rope_check(part, x, torch.as_tensor(positions, device=part.device), base, interleaved)
+
+
+# (x's shape, positions, base): x of 4, 3 and 2 axes ([..., len, d]); integer positions, and float ones
+# (float32, float64)
+ROPE_CASES = {
+    False: (
+        ((2, 3, 5, 8), [0, 3, 1, 7, 2], 10000.0),
+        ((2, 6, 4), [4, 5, 6, 7, 8, 9], 500.0),
+        ((4, 6), [2, 0, 5, 1], 100.0),
+        ((2, 5, 6), [0.5, 1.25, 2.0, 7.75, 3.5], 10000.0),
+    ),
+    True: (
+        ((3, 2, 7, 16), [5, 0, 2, 9, 1, 3, 30], 10000.0),
+        ((1, 4, 3, 64), [100, 101, 102], 10000.0),
+        ((5, 6), [0, 1, 2, 3, 4], 10.0),
+        ((2, 2, 9, 10), list(range(9)), 1000.0),
+        ((3, 4, 8), torch.tensor([0.25, 10.5, 100.75, 3.0], dtype=torch.float64), 1000.0),
+    ),
+}
+# (x's shape, positions [batch, len], base) of rope_batched_positions
+BATCHED_CASES = {
+    False: (
+        ((2, 3, 5, 8), [[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]], 10000.0),
+        ((2, 4, 6), [[2, 3, 4, 5], [0, 0, 1, 2]], 10000.0),
+    ),
+    True: (
+        ((3, 2, 4, 16), [[0, 1, 2, 3], [7, 8, 9, 10], [0, 0, 0, 1]], 10000.0),
+        ((1, 5, 3, 8), [[40, 41, 42]], 10000.0),
+        ((4, 2, 6), [[0, 1], [1, 2], [5, 6], [9, 3]], 10000.0),
+    ),
+}
 
 
 @behaviour(function="apply_rope", points=2, hints=HINTS)
@@ -410,7 +337,7 @@ def rope_half_split(part: Part) -> Iterator[Check]:
     Also the documented errors: ``ValueError`` for an odd ``d`` and for positions that are not ``[len]`` or
     ``[batch, len]`` for ``x``'s ``len``.
     """
-    yield from _rope_inputs(part, interleaved=False)
+    yield from _rope_checks(part, ROPE_CASES[part.hidden], interleaved=False, seed=40, hand=True)
     for shape, positions, condition in ROPE_ERRORS[part.hidden]:
         x = randn(shape, seed=90, device=part.device)
         call = part.call(x=x, positions=positions.to(part.device))
@@ -420,23 +347,14 @@ def rope_half_split(part: Part) -> Iterator[Check]:
 @behaviour(function="apply_rope", points=1, hints=HINTS)
 def rope_interleaved(part: Part) -> Iterator[Check]:
     """With interleaved=True apply_rope rotates the pairs (x[2i], x[2i + 1]), as in the RoFormer paper."""
-    yield from _rope_inputs(part, interleaved=True)
+    yield from _rope_checks(part, ROPE_CASES[part.hidden], interleaved=True, seed=40, hand=True)
 
 
 @behaviour(function="apply_rope", points=1, hints=HINTS)
 def rope_batched_positions(part: Part) -> Iterator[Check]:
     """Positions [batch, len] give each sequence its own positions, for x [batch, n_heads, len, d] and [batch,
     len, d] (rotate_half convention)."""
-    cases = [((2, 3, 5, 8), [[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]]), ((2, 4, 6), [[2, 3, 4, 5], [0, 0, 1, 2]])]
-    if part.hidden:
-        cases = [
-            ((3, 2, 4, 16), [[0, 1, 2, 3], [7, 8, 9, 10], [0, 0, 0, 1]]),
-            ((1, 5, 3, 8), [[40, 41, 42]]),
-            ((4, 2, 6), [[0, 1], [1, 2], [5, 6], [9, 3]]),
-        ]
-    for index, (shape, positions) in enumerate(cases):
-        x = randn(shape, seed=60 + index, device=part.device)
-        yield _rope_check(part, x, torch.tensor(positions, device=part.device), 10000.0, False)
+    yield from _rope_checks(part, BATCHED_CASES[part.hidden], interleaved=False, seed=60)
 
 
 # (x's shape, positions, the condition) of the documented ValueErrors
@@ -467,31 +385,29 @@ HALF_NOTE = (
 )
 
 
-# (dtype, positions [len] or [batch, len], interleaved) of rope_dtype_device: each half dtype with each
-# convention and each form of positions, so that angles computed in half precision on one path show
+# (dtype, positions [len] or [batch, len], interleaved, device) of rope_dtype_device: each half dtype with
+# each convention and each form of positions, so that angles computed in half precision on one path show; then
+# cases on 'meta', where only the result's shape, dtype and device are known: x's device must be the result's
+# without a GPU too
 DTYPE_CASES = {
     False: (
-        (torch.float32, torch.arange(6), False),
-        (torch.float16, torch.tensor(HALF_POSITIONS), False),
-        (torch.bfloat16, torch.tensor(HALF_POSITIONS), True),
-        (torch.float16, torch.tensor((HALF_POSITIONS, HALF_POSITIONS[::-1])), True),
-        (torch.bfloat16, torch.tensor((HALF_POSITIONS[::-1], HALF_POSITIONS)), False),
+        (torch.float32, torch.arange(6), False, HERE),
+        (torch.float16, torch.tensor(HALF_POSITIONS), False, HERE),
+        (torch.bfloat16, torch.tensor(HALF_POSITIONS), True, HERE),
+        (torch.float16, torch.tensor((HALF_POSITIONS, HALF_POSITIONS[::-1])), True, HERE),
+        (torch.bfloat16, torch.tensor((HALF_POSITIONS[::-1], HALF_POSITIONS)), False, HERE),
+        (torch.float32, torch.arange(5), False, META),
+        (torch.bfloat16, torch.arange(5).repeat(2, 1), True, META),
     ),
     True: (
-        (torch.float32, torch.arange(6), True),
-        (torch.bfloat16, torch.tensor(HALF_POSITIONS), False),
-        (torch.float16, torch.tensor(HALF_POSITIONS), True),
-        (torch.float64, torch.tensor((2, 4, 999, 1999, 3, 7)), False),
-        (torch.bfloat16, torch.tensor((HALF_POSITIONS, (5, 1998, 1500, 7, 900, 64))), True),
+        (torch.float32, torch.arange(6), True, HERE),
+        (torch.bfloat16, torch.tensor(HALF_POSITIONS), False, HERE),
+        (torch.float16, torch.tensor(HALF_POSITIONS), True, HERE),
+        (torch.float64, torch.tensor((2, 4, 999, 1999, 3, 7)), False, HERE),
+        (torch.bfloat16, torch.tensor((HALF_POSITIONS, (5, 1998, 1500, 7, 900, 64))), True, HERE),
+        (torch.float16, torch.arange(5), True, META),
+        (torch.float64, torch.arange(5).repeat(2, 1), False, META),
     ),
-}
-
-
-# (dtype, positions' shape, interleaved) of the cases on 'meta', where only the result's shape, dtype and
-# device are known: x's device must be the result's without a GPU too
-META_CASES = {
-    False: ((torch.float32, (5,), False), (torch.bfloat16, (2, 5), True)),
-    True: ((torch.float16, (5,), True), (torch.float64, (2, 5), False)),
 }
 
 
@@ -504,29 +420,22 @@ def rope_dtype_device(part: Part) -> Iterator[Check]:
     Both conventions, positions ``[len]`` and ``[batch, len]``: a path that computes its angles in half
     precision shows at large positions only. The device is also checked on ``meta``, which needs no GPU.
     """
-    meta_ready()
-    for index, (dtype, positions, interleaved) in enumerate(DTYPE_CASES[part.hidden]):
-        x = randn((2, 3, 6, 8), seed=80 + index, device=part.device, dtype=dtype)
-        positions = positions.to(part.device)
-        arguments = {"x": x, "positions": positions} | ({"interleaved": True} if interleaved else {})
+    engine.meta_ready()
+    for index, (dtype, positions, interleaved, device) in enumerate(DTYPE_CASES[part.hidden]):
+        device = part.device if device is HERE else device
+        x = randn((2, 3, positions.size(-1), 8), seed=80 + index, device=device, dtype=dtype)
+        arguments = {"x": x, "positions": positions.to(device)} | (
+            {"interleaved": True} if interleaved else {}
+        )
         call = part.call(**arguments)
-        expected = rope(x, positions.cpu(), 10000.0, interleaved)
-        note = HALF_NOTE if dtype in HALF else ""
+        expected = None if device == META else rope(x, positions, 10000.0, interleaved)
 
-        def judge(result: Any, call=call, x=x, expected=expected, note=note) -> None:
-            where = f"the result of {call}"
-            engine.assert_format(result, where, x.shape, x.dtype, x.device)
-            assert_values(result, expected, where, dtype=x.dtype, note=note)
-
-        yield Check(call, judge, untouched=True)
-    for dtype, shape, interleaved in META_CASES[part.hidden]:
-        x = torch.empty(2, 3, 5, 8, dtype=dtype, device=META)
-        positions = torch.arange(5, device=META).expand(shape).contiguous()
-        arguments = {"x": x, "positions": positions} | ({"interleaved": True} if interleaved else {})
-        call = part.call(**arguments)
-
-        def judge(result: Any, call=call, x=x) -> None:
+        def judge(
+            result: Any, call=call, x=x, expected=expected, note=HALF_NOTE if dtype in HALF else ""
+        ) -> None:
             engine.assert_format(result, f"the result of {call}", x.shape, x.dtype, x.device)
+            if expected is not None:
+                assert_values(result, expected, f"the result of {call}", dtype=x.dtype, note=note)
 
         yield Check(call, judge, untouched=True)
 
@@ -536,24 +445,16 @@ def rope_dtype_device(part: Part) -> Iterator[Check]:
 
 def slopes(n_heads: int, row: str = "") -> torch.Tensor:
     """ALiBi's slopes as a row computes them, float64 (check code)."""
-
     start = 0 if row == "slopes from zero" else 1
 
     def geometric(n: int) -> list[float]:
         return [2.0 ** (-8.0 * h / n) for h in range(start, n + start)]
 
-    if row == "slopes seed":
-        values = [2.0 ** (-8 - i) for i in range(n_heads)]
-    elif row == "slopes geometric":
-        values = geometric(n_heads)
-    else:
-        power = 1 << (n_heads.bit_length() - 1)
-        extra = geometric(2 * power)
-        extra = extra[: n_heads - power] if row == "slopes first extra" else extra[0::2][: n_heads - power]
-        values = geometric(power) + extra
-        if row == "slopes reversed":
-            values = values[::-1]
-    return torch.tensor(values, dtype=torch.float64)
+    power = 1 << (n_heads.bit_length() - 1)  # the largest power of two up to n_heads
+    extra = geometric(2 * power)[:: 1 if row == "slopes first extra" else 2][: n_heads - power]
+    seed = [2.0 ** (-8 - i) for i in range(n_heads)]
+    values = {"slopes seed": seed, "slopes geometric": geometric(n_heads)}.get(row, geometric(power) + extra)
+    return torch.tensor(values[::-1] if row == "slopes reversed" else values, dtype=torch.float64)
 
 
 SLOPE_ROWS = ("slopes seed", "slopes from zero", "slopes geometric", "slopes first extra", "slopes reversed")
@@ -568,49 +469,40 @@ WRITTEN = {
 }
 
 
-def _slopes_check(part: Part, n_heads: int, formats: bool = False, **options: Any) -> Check:
-    """The slopes of ``n_heads`` heads; with ``formats``, their dtype and device too (``options``: ``dtype``
-    by name, ``device``)."""
-    call = part.call(n_heads=n_heads, **options)
-    expected = None
-    if torch.device(options.get("device") or "cpu") != META:
-        if part.hidden:
-            expected = part.reference(n_heads, dtype=torch.float64)
-        else:
-            expected = torch.tensor([2.0**e for e in WRITTEN[n_heads]], dtype=torch.float64)
-
-    def judge(result: Any) -> None:
-        if isinstance(result, list | tuple):
-            fail(
-                f"{call} returned a {type(result).__name__}, expected a tensor [{n_heads}].",
-                "torch.tensor(slopes)",
-            )
-        hints = _shape_hints("slopes", n_heads=n_heads)
-        if expected is not None:
-            rows = [row for row in SLOPE_ROWS if not torch.equal(slopes(n_heads, row), expected)]
-            mistakes = lambda: (Mistake(TEXT[row], slopes(n_heads, row)) for row in rows)  # noqa: E731
-            where = f"the result of {call}"
-            # dtype promises the result's dtype, not the computation's: float32's tolerance at least
-            assert_values(result, expected, where, dtype=torch.float32, mistakes=mistakes, hints=hints)
-        if formats:
-            assert_made(result, call, f"the result of {call}", (n_heads,), hints)
-
-    return Check(call, judge)
+def _a_tensor(result: Any, call: Call) -> None:
+    """Fail if the slopes are a list or a tuple: they must be made a tensor."""
+    if isinstance(result, list | tuple):
+        n_heads = call.arguments["n_heads"]
+        fail(
+            f"{call} returned a {type(result).__name__}, expected a tensor [{n_heads}].",
+            "torch.tensor(slopes)",
+        )
 
 
-# (n_heads, a power of two; dtype by name; device) of the calls that pass dtype and device
+def _slopes_check(part: Part, arguments: dict[str, Any], formats: bool = True) -> Check:
+    """The slopes of ``n_heads`` heads; with ``formats``, their dtype and device too."""
+    n_heads = arguments["n_heads"]
+    written = lambda n_heads: torch.tensor([2.0**e for e in WRITTEN[n_heads]], dtype=torch.float64)  # noqa: E731
+    hints = engine.shapes(TEXT, "slopes", n_heads=n_heads)
+    # dtype promises the result's dtype, not the computation's: float32's tolerance at least
+    options = {"written": written, "formats": formats, "dtype": torch.float32, "before": _a_tensor}
+    return made_check(part, arguments, (n_heads,), hints, slopes, SLOPE_ROWS, TEXT, **options)
+
+
+# the calls of alibi_slopes_power_of_two that pass dtype (by name) and device: n_heads a power of two
 SLOPE_OPTIONS = {
     False: (
-        (16, "torch.float64", None),
-        (8, "torch.float16", None),
-        (4, None, META),
-        (2, "torch.float64", "meta"),
+        {"n_heads": 16, "dtype": "torch.float64"},
+        {"n_heads": 8, "dtype": "torch.float16"},
+        {"n_heads": 4, "device": META},
+        {"n_heads": 2, "dtype": "torch.float64", "device": "meta"},
     ),
     True: (
-        (32, "torch.float64", "cpu"),
-        (2, "torch.bfloat16", None),
-        (16, None, "meta"),
-        (1, "torch.float64", META),
+        {"n_heads": 32, "dtype": "torch.float64", "device": "cpu"},
+        {"n_heads": 2, "dtype": "torch.bfloat16"},
+        {"n_heads": 16, "device": "meta"},
+        {"n_heads": 1, "dtype": "torch.float64", "device": META},
+        {"n_heads": 8, "dtype": "torch.float64", "device": HERE},
     ),
 }
 
@@ -623,13 +515,9 @@ def alibi_slopes_power_of_two(part: Part) -> Iterator[Check]:
     Also the documented arguments and error: the result in ``dtype`` (float32 by default) on ``device``
     (checked on ``meta``), ``ValueError`` if ``n_heads < 1``.
     """
-    meta_ready()
-    for n_heads in (8, 4) if not part.hidden else (1, 2, 16, 32, 64):
-        yield _slopes_check(part, n_heads, formats=True)
-    options = [*SLOPE_OPTIONS[part.hidden], *([(8, "torch.float64", part.device)] if part.hidden else [])]
-    for n_heads, dtype, device in options:
-        arguments = {"dtype": dtype} if dtype else {}
-        yield _slopes_check(part, n_heads, True, **arguments, **({"device": device} if device else {}))
+    counts = ((8,), (4,)) if not part.hidden else ((1,), (2,), (16,), (32,), (64,))
+    for arguments in named(("n_heads",), (*counts, *SLOPE_OPTIONS[part.hidden])):
+        yield _slopes_check(part, arguments)
     for n_heads in (0,) if not part.hidden else (-1, -8):
         yield engine.raises(
             part.call(n_heads=n_heads), "ValueError", "if n_heads < 1", TEXT["slopes validation"]
@@ -641,7 +529,7 @@ def alibi_slopes_other_counts(part: Part) -> Iterator[Check]:
     """For other head counts: the slopes of the largest power of two p below, then every other slope of 2p
     heads: 6 heads give 2^-2, 2^-4, 2^-6, 2^-8, 2^-1, 2^-3."""
     for n_heads in (6, 12) if not part.hidden else (3, 5, 7, 10, 20, 24):
-        yield _slopes_check(part, n_heads)
+        yield _slopes_check(part, {"n_heads": n_heads}, formats=False)
 
 
 def bias(n_heads: int, q_len: int, k_len: int, row: str = "") -> torch.Tensor:
@@ -668,11 +556,11 @@ def _powers(values: torch.Tensor) -> str:
     return ", ".join(shown) + (", ..." if values.numel() > 8 else "")
 
 
-def _slopes_first(result: Any, where: str, sizes: tuple[int, int, int]) -> None:
+def _slopes_first(result: Any, call: Call) -> None:
     """Fail, naming the slopes, if the bias is ``slope'_h * (j - i - (k_len - q_len))`` with other positive
     slopes than ``alibi_slopes(n_heads)``'s: the cause is then in the slopes (the learner's own alibi_slopes,
     which alibi_bias uses), and the distances are right."""
-    n_heads, q_len, k_len = sizes
+    sizes = n_heads, q_len, k_len = tuple(call.arguments[name] for name in ("n_heads", "q_len", "k_len"))
     if not isinstance(result, torch.Tensor) or tuple(result.shape) != sizes or result.device.type == "meta":
         return
     distance = bias(1, q_len, k_len)[0] / slopes(1)[0]  # j - i - (k_len - q_len)
@@ -685,11 +573,12 @@ def _slopes_first(result: Any, where: str, sizes: tuple[int, int, int]) -> None:
         return
     if not engine.close(found, fitted.view(-1, 1, 1) * distance, dtype):
         return
-    known = (Mistake(TEXT[row], slopes(n_heads, row)) for row in SLOPE_ROWS)
     fail(
-        f"{where} has the right distances, but its slopes (bias[h] / (j - i - (k_len - q_len))) are "
-        f"{_powers(fitted)} where {_powers(right)} are expected, the slopes of alibi_slopes({n_heads}).",
-        engine.diagnose(fitted, known, dtype) or TEXT["slopes wrong"],
+        f"the bias returned by {call} has the right distances, but its slopes (bias[h] / (j - i - (k_len - "
+        f"q_len))) are {_powers(fitted)} where {_powers(right)} are expected, the slopes of "
+        f"alibi_slopes({n_heads}).",
+        engine.diagnose(fitted, row_mistakes(TEXT, SLOPE_ROWS, lambda row: slopes(n_heads, row))(), dtype)
+        or TEXT["slopes wrong"],
         expected=_powers(right),
         got=_powers(fitted),
     )
@@ -697,31 +586,16 @@ def _slopes_first(result: Any, where: str, sizes: tuple[int, int, int]) -> None:
 
 def _bias_checks(part: Part, cases, formats: bool = False) -> Iterator[Check]:
     """Each ``(n_heads, q_len, k_len)`` or ``{...}`` of arguments; with ``formats``, dtype and device too."""
-    for case in cases:
-        arguments = (
-            case if isinstance(case, dict) else dict(zip(("n_heads", "q_len", "k_len"), case, strict=True))
-        )
-        call = part.call(**arguments)
-        sizes = (arguments["n_heads"], arguments["q_len"], arguments["k_len"])
-        expected = None
-        if torch.device(arguments.get("device") or "cpu") != META:
-            expected = part.reference(*sizes, dtype=torch.float64) if part.hidden else bias(*sizes)
-
-        def judge(result: Any, call=call, expected=expected, sizes=sizes) -> None:
-            hints = _shape_hints("bias", n_heads=sizes[0], q_len=sizes[1], k_len=sizes[2])
-            where = f"the bias returned by {call}"
-            if expected is not None:
-                _slopes_first(result, where, sizes)
-                rows = [row for row in BIAS_ROWS if not torch.equal(bias(*sizes, row), expected)]
-                mistakes = lambda: (Mistake(TEXT[row], bias(*sizes, row)) for row in rows)  # noqa: E731
-                assert_values(result, expected, where, dtype=torch.float32, mistakes=mistakes, hints=hints)
-            if formats:
-                assert_made(result, call, where, sizes, hints)
-
-        yield Check(call, judge)
+    for arguments in named(("n_heads", "q_len", "k_len"), cases):
+        sizes = tuple(arguments[name] for name in ("n_heads", "q_len", "k_len"))
+        hints = engine.shapes(TEXT, "bias", n_heads=sizes[0], q_len=sizes[1], k_len=sizes[2])
+        options = {"where": "the bias returned by {call}", "formats": formats, "dtype": torch.float32}
+        # wrong slopes are named first, where the values are judged
+        first = None if arguments.get("device") in (META, "meta") else _slopes_first
+        yield made_check(part, arguments, sizes, hints, bias, BIAS_ROWS, TEXT, before=first, **options)
 
 
-# the calls of alibi_bias_square that pass dtype and device
+# the calls of alibi_bias_square that pass dtype (by name) and device
 BIAS_OPTIONS = {
     False: (
         {"n_heads": 4, "q_len": 3, "k_len": 3, "dtype": "torch.float64"},
@@ -733,6 +607,7 @@ BIAS_OPTIONS = {
         {"n_heads": 16, "q_len": 4, "k_len": 4, "dtype": "torch.bfloat16"},
         {"n_heads": 12, "q_len": 3, "k_len": 3, "device": "meta"},
         {"n_heads": 3, "q_len": 6, "k_len": 6, "dtype": "torch.float16", "device": META},
+        {"n_heads": 4, "q_len": 2, "k_len": 2, "device": HERE},
     ),
 }
 
@@ -745,11 +620,8 @@ def alibi_bias_square(part: Part) -> Iterator[Check]:
     Also the result in ``dtype`` (float32 by default) on ``device`` (checked on ``meta``). Wrong slopes (the
     learner's alibi_slopes) are named before anything else.
     """
-    meta_ready()
     cases = ((4, 5, 5), (8, 3, 3)) if not part.hidden else ((2, 6, 6), (16, 4, 4), (6, 5, 5), (1, 1, 1))
-    options = [*BIAS_OPTIONS[part.hidden]]
-    options += [{"n_heads": 4, "q_len": 2, "k_len": 2, "device": part.device}] if part.hidden else []
-    yield from _bias_checks(part, [*cases, *options], formats=True)
+    yield from _bias_checks(part, (*cases, *BIAS_OPTIONS[part.hidden]), formats=True)
 
 
 @behaviour(function="alibi_bias", points=1, hints=HINTS)

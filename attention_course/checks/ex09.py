@@ -9,31 +9,23 @@ case with a 5 x 5 kernel, whose scores reach ``alpha ||Delta||^2 = 400``: a soft
 subtracted overflows there (``exp(400)`` is inf in float32, not in float64).
 
 The encoding's ``dtype`` and ``device`` are checked as ex08 checks its functions that make a tensor from sizes
-(:data:`~attention_course.checks.ex08.DTYPED`, the ``meta`` device).
+(:mod:`~attention_course.checks.position_family`: the dtype by name, the ``meta`` device).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from attention_course.checks import engine
-from attention_course.checks.engine import (
-    Check,
-    FromScratch,
-    Mistake,
-    Part,
-    assert_values,
-    behaviour,
-    fail,
-    randn,
-)
-from attention_course.checks.ex08 import DTYPED, META, assert_made, meta_ready
+from attention_course.checks.engine import Check, Mistake, Part, assert_values, behaviour, fail, randn
+from attention_course.checks.position_family import DTYPED, HERE, META, made_check, named, row_mistakes
+
+engine.meta_ready_in_a_notebook()  # the set-up cell imports the checks: no test cell waits for it
 
 TEXT = engine.table("""
 q minus k: the shift is q - k: the paper's (and the task's) is delta = k - q, the key's pixel minus the
@@ -114,7 +106,7 @@ attention_conv2d from scratch: conv_from_scratch; no convolution, unfold or buil
 
 
 # PyTorch's convolutions compute the answer; its attention would take the softmax that the task asks for
-RULE = FromScratch(
+RULE = engine.FromScratch(
     "the convolution as attention heads, with your own softmax of the scores",
     ("conv1d", "conv2d", "conv3d", "convolution", "unfold", "scaled_dot_product", "multi_head_attention"),
 )
@@ -155,8 +147,21 @@ BY_HAND = [
 ]
 
 
-def _encoding_hints(height: int, width: int) -> dict[tuple[int, ...], str]:
-    return engine.shapes(TEXT, "encoding", hw=height * width, h=height, w=width)
+def _written(height: int, width: int) -> torch.Tensor:
+    """The visible parts' answer: :data:`BY_HAND` for a 2 x 2 image, else :func:`encoding`."""
+    by_hand = (height, width) == (2, 2)
+    return torch.tensor(BY_HAND, dtype=torch.float64) if by_hand else encoding(height, width)
+
+
+def _encoding_check(part: Part, arguments: dict[str, Any], values: bool = False) -> Check:
+    """The encoding's shape, dtype and device, or (``values``) its values, which may be integers."""
+    height, width = arguments["height"], arguments["width"]
+    n = height * width
+    shape, hints = (n, n, 3), engine.shapes(TEXT, "encoding", hw=n, h=height, w=width)
+    if not values:
+        return made_check(part, arguments, shape, hints)
+    options = {"written": _written, "where": "the encoding returned by {call}", "formats": False}
+    return made_check(part, arguments, shape, hints, encoding, ENCODING_ROWS, TEXT, **options)
 
 
 # the calls of encoding_shape that pass dtype (by name) and device
@@ -171,6 +176,7 @@ ENCODING_OPTIONS = {
         {"height": 2, "width": 5, "dtype": "torch.float64", "device": "cpu"},
         {"height": 3, "width": 3, "device": "meta"},
         {"height": 2, "width": 2, "dtype": "torch.float64", "device": META},
+        {"height": 2, "width": 3, "device": HERE},
     ),
 }
 
@@ -181,54 +187,27 @@ def encoding_shape(part: Part) -> Iterator[Check]:
 
     Of ``dtype`` (float32 by default, float64, half precision) on ``device`` (checked on ``meta``).
     """
-    meta_ready()
     sizes = ((2, 3), (4, 4)) if not part.hidden else ((1, 5), (3, 2), (5, 4))
-    cases = [{"height": height, "width": width} for height, width in sizes] + list(
-        ENCODING_OPTIONS[part.hidden]
-    )
-    cases += [{"height": 2, "width": 3, "device": part.device}] if part.hidden else []
-    for arguments in cases:
-        call = part.call(**arguments)
-
-        def judge(result: Any, call=call, sizes=(arguments["height"], arguments["width"])) -> None:
-            n = sizes[0] * sizes[1]
-            assert_made(result, call, f"the result of {call}", (n, n, 3), _encoding_hints(*sizes))
-
-        yield Check(call, judge)
+    for arguments in named(("height", "width"), (*sizes, *ENCODING_OPTIONS[part.hidden])):
+        yield _encoding_check(part, arguments)
 
 
 @behaviour(function="quadratic_relative_encoding", points=2)
 def encoding_values(part: Part) -> Iterator[Check]:
     """r[q, k] = (||delta||^2, delta_1, delta_2) with delta = k - q (rows, then columns), the pixels numbered
     row by row."""
-    cases = ((2, 3), (2, 2), (3, 4)) if not part.hidden else ((1, 5), (4, 2), (5, 3))
-    for height, width in cases:
-        call = part.call(height=height, width=width)
-        if part.hidden:
-            expected = part.reference(height, width, dtype=torch.float64)
-        elif (height, width) == (2, 2):
-            expected = torch.tensor(BY_HAND, dtype=torch.float64)
-        else:
-            expected = encoding(height, width)
-
-        def judge(result: Any, call=call, expected=expected, sizes=(height, width)) -> None:
-            rows = [row for row in ENCODING_ROWS if not torch.equal(encoding(*sizes, row), expected)]
-            mistakes = lambda: (Mistake(TEXT[row], encoding(*sizes, row)) for row in rows)  # noqa: E731
-            where = f"the encoding returned by {call}"
-            if isinstance(result, torch.Tensor) and not result.is_floating_point():
-                result = result.double()  # integer shifts are exact: any dtype will do
-            assert_values(result, expected, where, mistakes=mistakes, hints=_encoding_hints(*sizes))
-
-        yield Check(call, judge)
+    sizes = ((2, 3), (2, 2), (3, 4)) if not part.hidden else ((1, 5), (4, 2), (5, 3))
+    for arguments in named(("height", "width"), sizes):
+        yield _encoding_check(part, arguments, values=True)
 
 
 # --- 2. the layer
 
 
 def attention(x: torch.Tensor, weight: torch.Tensor, bias, alpha: float, row: str = "") -> torch.Tensor:
-    """K^2 positional heads as a row computes them, in float64 (check code, written apart from the
+    """K^2 positional heads as a row computes them, in float64 on the CPU (check code, written apart from the
     reference): head Delta's weights are softmax_k(-alpha ||k - q - Delta||^2) over the padded image."""
-    x, weight = x.double(), weight.double()
+    x, weight, bias = (None if t is None else t.detach().cpu().double() for t in (x, weight, bias))
     c_out, _, k, _ = weight.shape
     batch, _, height, width = x.shape
     pad = 0 if row == "no padding" else k // 2
@@ -251,9 +230,9 @@ def attention(x: torch.Tensor, weight: torch.Tensor, bias, alpha: float, row: st
         kernel = weight[:, :, b, a] if row == "transposed kernel" else weight[:, :, a, b]  # [C_out, C_in]
         out = out + weights @ values @ kernel.T
         if row == "bias per head" and bias is not None:
-            out = out + bias.double()
+            out = out + bias
     if bias is not None and row not in ("no bias", "bias per head"):
-        out = out + bias.double()
+        out = out + bias
     return out.transpose(1, 2).reshape(batch, c_out, height, width)
 
 
@@ -266,6 +245,7 @@ LARGE_SCORES = (1, 2, 3, 4, 5, 5)  # a 5 x 5 kernel: head Delta = (2, 2) scores 
 
 
 def _inputs(part: Part, sizes, seed: int, dtype=torch.float64, bias=True) -> dict[str, Any]:
+    """x [batch, C_in, height, width], weight [C_out, C_in, K, K] and bias [C_out] (or None) of ``sizes``."""
     batch, c_in, c_out, height, width, k = sizes
     x = randn((batch, c_in, height, width), seed=seed, device=part.device, dtype=dtype)
     weight = randn((c_out, c_in, k, k), seed=seed + 1, device=part.device, dtype=dtype) / k
@@ -273,60 +253,48 @@ def _inputs(part: Part, sizes, seed: int, dtype=torch.float64, bias=True) -> dic
     return {"x": x, "weight": weight, "bias": b}
 
 
-def _conv_check(part: Part, arguments: dict[str, Any], alpha: float, expected, label: str = "") -> Check:
-    call = part.call(label, **arguments, alpha=alpha)
-    x, weight, bias = (arguments[name] for name in ("x", "weight", "bias"))
-    sizes = x.size(0), x.size(1), weight.size(0), x.size(2), x.size(3)
-    rows = [row for row in CONV_ROWS if not (row in ("no bias", "bias per head") and bias is None)]
-
-    def judge(result: Any) -> None:
-        def mistakes() -> Iterator[Mistake]:
-            for row in rows:
-                yield Mistake(TEXT[row], attention(x.cpu(), weight.cpu(), _cpu(bias), alpha, row))
-            if alpha < 10:
-                conv = F.conv2d(x.double(), weight.double(), _double(bias), padding=weight.size(-1) // 2)
-                yield Mistake(TEXT["hard"].format(alpha=alpha), conv)
-
-        batch, c_in, c_out, height, width = sizes
-        hints = engine.shapes(TEXT, "conv", batch=batch, c_in=c_in, c_out=c_out, h=height, w=width)
-        hints |= engine.shapes(TEXT, "conv", batch=batch, c_out=c_out, hw=height * width)
-        assert_values(
-            result, expected, f"the result of {call}", dtype=x.dtype, mistakes=mistakes, hints=hints
-        )
-
-    return Check(call, judge, untouched=True)
-
-
-def _finite_first(check: Check) -> Check:
-    """``check`` of a float32 call whose scores reach 400, failing first, with the cause, on NaN or inf."""
-    call = check.calls[0]
-
-    def judge(result: Any) -> None:
-        if isinstance(result, torch.Tensor) and result.is_floating_point() and not result.isfinite().all():
-            bad = int((~result.isfinite()).sum())
-            fail(
-                f"the result of {call} contains NaN or inf ({bad} of {result.numel()} elements): with a "
-                "5 x 5 kernel and alpha = 50 the scores v . r of head Delta reach alpha ||Delta||^2 = 400, "
-                "and exp() is inf past 88 in float32.",
-                TEXT["unstable"],
-            )
-        check.judge(result)
-
-    return replace(check, judge=judge)
-
-
 def _conv2d(arguments: dict[str, Any]) -> torch.Tensor:
     """F.conv2d of the arguments, padded by K // 2, in float64: the limit of a large alpha."""
-    x, weight, bias = (arguments[name] for name in ("x", "weight", "bias"))
-    return F.conv2d(x.double(), weight.double(), _double(bias), padding=weight.size(-1) // 2)
+    x, weight, bias = (None if t is None else t.double() for t in arguments.values())
+    return F.conv2d(x, weight, bias, padding=weight.size(-1) // 2)
 
 
-def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    return None if tensor is None else tensor.cpu()
+def _conv_check(
+    part: Part, arguments: dict[str, Any], alpha=50.0, expected=None, label="", finite=False
+) -> Check:
+    """A call with ``alpha``: the result's values against ``expected`` (likely causes: the rows of
+    :func:`attention`, and the convolution itself for a small ``alpha``), or without ``expected`` its shape
+    [batch, C_out, height, width], x's dtype and device. ``finite``: a float32 call whose scores reach 400,
+    failing first, with the cause, on NaN or inf."""
+    call = part.call(label, **arguments, alpha=alpha)
+    x, weight, bias = arguments.values()
+    (batch, c_in, height, width), c_out = x.shape, weight.size(0)
+    hints = engine.shapes(
+        TEXT, "conv", batch=batch, c_in=c_in, c_out=c_out, h=height, w=width, hw=height * width
+    )
+    rows = [row for row in CONV_ROWS if bias is not None or row not in ("no bias", "bias per head")]
 
+    def mistakes() -> Iterator[Mistake]:
+        yield from row_mistakes(TEXT, rows, lambda row: attention(x, weight, bias, alpha, row))()
+        if alpha < 10:
+            yield Mistake(TEXT["hard"].format(alpha=alpha), _conv2d(arguments))
 
-def _double(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    return None if tensor is None else tensor.double()
+    def judge(result: Any) -> None:
+        where = f"the result of {call}"
+        floating = isinstance(result, torch.Tensor) and result.is_floating_point()
+        if finite and floating and (bad := int((~result.isfinite()).sum())):
+            fail(
+                f"{where} contains NaN or inf ({bad} of {result.numel()} elements): with a 5 x 5 kernel and "
+                "alpha = 50 the scores v . r of head Delta reach alpha ||Delta||^2 = 400, and exp() is inf "
+                "past 88 in float32.",
+                TEXT["unstable"],
+            )
+        if expected is None:
+            engine.assert_format(result, where, (batch, c_out, height, width), x.dtype, x.device, hints)
+        else:
+            assert_values(result, expected, where, dtype=x.dtype, mistakes=mistakes, hints=hints)
+
+    return Check(call, judge, untouched=True)
 
 
 # (x's shape, weight's shape, the condition) of the documented ValueErrors
@@ -354,18 +322,7 @@ def conv_shapes(part: Part) -> Iterator[Check]:
     """
     cases = VISIBLE if not part.hidden else HIDDEN
     for index, (sizes, dtype) in enumerate(zip(cases, itertools.cycle((torch.float32, torch.float64)))):
-        arguments = _inputs(part, sizes, seed=10 * index, dtype=dtype)
-        call = part.call(**arguments, alpha=50.0)
-
-        def judge(result: Any, call=call, sizes=sizes, x=arguments["x"]) -> None:
-            batch, c_in, c_out, height, width, _ = sizes
-            hints = engine.shapes(TEXT, "conv", batch=batch, c_in=c_in, c_out=c_out, h=height, w=width)
-            hints |= engine.shapes(TEXT, "conv", batch=batch, c_out=c_out, hw=height * width)
-            engine.assert_format(
-                result, f"the result of {call}", (batch, c_out, height, width), x.dtype, x.device, hints
-            )
-
-        yield Check(call, judge, untouched=True)
+        yield _conv_check(part, _inputs(part, sizes, seed=10 * index, dtype=dtype))
     for index, (x_shape, weight_shape, condition) in enumerate(CONV_ERRORS[part.hidden]):
         x = randn(x_shape, seed=50 + index, device=part.device)
         weight = randn(weight_shape, seed=60 + index, device=part.device)
@@ -378,27 +335,22 @@ def conv_shapes(part: Part) -> Iterator[Check]:
 def conv_matches_conv2d(part: Part) -> Iterator[Check]:
     """With alpha = 50 the K^2 heads compute F.conv2d(x, weight, bias, padding=K // 2): a 3 x 3 kernel (and,
     hidden, 1 x 1 and 5 x 5), with and without bias."""
-    cases = VISIBLE if not part.hidden else HIDDEN
-    for index, sizes in enumerate(cases):
-        for bias in (True, False):
-            dtypes = (torch.float64,) if not part.hidden else (torch.float64, torch.float32)
-            for dtype in dtypes:
-                arguments = _inputs(part, sizes, seed=100 + 10 * index, dtype=dtype, bias=bias)
-                yield _conv_check(part, arguments, 50.0, _conv2d(arguments))
+    cases, dtypes = (
+        (VISIBLE, (torch.float64,)) if not part.hidden else (HIDDEN, (torch.float64, torch.float32))
+    )
+    for (index, sizes), bias, dtype in itertools.product(enumerate(cases), (True, False), dtypes):
+        arguments = _inputs(part, sizes, seed=100 + 10 * index, dtype=dtype, bias=bias)
+        yield _conv_check(part, arguments, expected=_conv2d(arguments))
     if not part.hidden:
         # float32 with a 5 x 5 kernel: scores up to alpha ||Delta||^2 = 400, past float32's exp (88)
         arguments = _inputs(part, LARGE_SCORES, seed=150, dtype=torch.float32)
-        yield _finite_first(
-            _conv_check(part, arguments, 50.0, _conv2d(arguments), " (float32, scores up to 400)")
-        )
+        label = " (float32, scores up to 400)"
+        yield _conv_check(part, arguments, expected=_conv2d(arguments), label=label, finite=True)
         # bias and alpha left to their defaults, None and 50
         arguments = _inputs(part, VISIBLE[1], seed=160, bias=False)
         call = part.call(" (bias and alpha by default)", x=arguments["x"], weight=arguments["weight"])
         expected = _conv2d(arguments)
-
-        def judge(result: Any) -> None:
-            assert_values(result, expected, f"the result of {call}", dtype=torch.float64)
-
+        judge = lambda result: assert_values(result, expected, f"the result of {call}", dtype=torch.float64)  # noqa: E731
         yield Check(call, judge, untouched=True)
 
 
@@ -407,15 +359,13 @@ def conv_is_attention(part: Part) -> Iterator[Check]:
     """With a small alpha (1, 0.5, 3) each head's softmax spreads over a neighbourhood of q + Delta: the
     layer is attention, softmax_k(-alpha ||k - q - Delta||^2) over the zero-padded image, not a
     convolution."""
-    cases = [(VISIBLE[0], 1.0), (VISIBLE[1], 0.5)]
-    if part.hidden:
-        cases = [(HIDDEN[0], 1.0), (HIDDEN[1], 3.0), (HIDDEN[3], 0.25)]
-    for index, (sizes, alpha) in enumerate(cases):
-        arguments = _inputs(part, sizes, seed=300 + 10 * index)
-        if part.hidden:
-            expected = part.reference(**{k: _double(v) for k, v in arguments.items()}, alpha=alpha)
-        else:
-            expected = attention(*(_cpu(arguments[name]) for name in ("x", "weight", "bias")), alpha)
+    cases = (
+        ((0, 1.0), (1, 0.5)) if not part.hidden else ((0, 1.0), (1, 3.0), (3, 0.25))
+    )  # (sizes' index, alpha)
+    for index, (case, alpha) in enumerate(cases):
+        arguments = _inputs(part, (HIDDEN if part.hidden else VISIBLE)[case], seed=300 + 10 * index)
+        answer = part.reference if part.hidden else attention
+        expected = answer(**{name: tensor.double() for name, tensor in arguments.items()}, alpha=alpha)
         yield _conv_check(part, arguments, alpha, expected)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -98,6 +98,17 @@ one more: one token too many: generate adds exactly max_new_tokens tokens (with 
     alone); run the model inside the loop only, once per new token
 in place: a block that no other sequence holds is written in place: copy on write copies the last block only
     when another sequence holds it too (ref_counts > 1) and it is partly filled
+length int: length must be an int: keep it a property (@property), as the task has it
+block count: take a new block only when the last one is full (position % block_size == 0)
+copy missing: copy on write is missing: a sequence wrote into a block that another sequence still holds (after
+    a fork): copy a shared, partly filled block before writing into it
+one block: one block was given to two sequences: take new blocks from free_blocks (and remove them from it)
+fork shares: fork shares the parent's blocks (the child's block table is a copy of the parent's, no block is
+    copied); later, only the partly filled last block is copied, before a write
+leak: a block that no sequence holds is not in free_blocks (a leak): free must return it
+ref counts: fork adds one to the count of each block it shares, free subtracts one, and copy on write moves
+    one
+unchanged: check that enough blocks are free before changing anything
 """)
 HINTS = engine.hint_table("""
 Sizes of tensors must match except in dimension | stack expects each tensor: the keys are concatenated on
@@ -190,6 +201,16 @@ PagedKVCache.gather raises KeyError: paged_gather, paged_free; a sequence never 
     freed (paged_free)
 """)
 
+
+def _check(
+    part: Part, judge: Callable[..., None], arguments: dict[str, Any], label: str = "", /, **options
+) -> Check:
+    """A check of one call with keyword ``arguments``, judged by ``judge(call, arguments, result,
+    **options)`` (``call``: the call as text)."""
+    call = part.call(label, **arguments)
+    return Check(call, lambda result: judge(str(call), arguments, result, **options))
+
+
 # --- 1. KVCache: appends, length and reset
 
 
@@ -201,11 +222,9 @@ def _kv_appends(
     which must raise (they do not fit)."""
     cache, returned = cls(n_layers), []
     for layer, key, value in zip(layers, keys.split(lengths, 2), values.split(lengths, 2), strict=True):
-        result = cache.append(layer, key, value)
-        tensors = isinstance(result, tuple | list)
-        returned.append(
-            tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in result) if tensors else result
-        )
+        if isinstance(result := cache.append(layer, key, value), tuple | list):
+            result = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in result)
+        returned.append(result)
     if then_key is not None:
         cache.append(layers[-1], then_key, then_value)
     return returned, [(cache.keys(layer), cache.values(layer)) for layer in range(n_layers)]
@@ -232,11 +251,8 @@ APPENDS, LENGTH = Driver(_kv_appends), Driver(_kv_length)
 def _kv_arguments(lengths: tuple[int, ...], seed: int, part: Part, dtype=torch.float64) -> dict[str, Any]:
     """Keys and values ``[batch 2, n_kv_heads 3, len, d_head 5]`` to split into pieces of ``lengths``."""
     shape = (2, 3, sum(lengths), 5)
-    return {
-        "lengths": list(lengths),
-        "keys": randn(shape, seed=seed, device=part.device, dtype=dtype),
-        "values": randn(shape, seed=seed + 1, device=part.device, dtype=dtype),
-    }
+    keys, values = (randn(shape, seed=seed + i, device=part.device, dtype=dtype) for i in (0, 1))
+    return {"lengths": list(lengths), "keys": keys, "values": values}
 
 
 @behaviour(function="KVCache", points=2, hints=HINTS, driver=APPENDS)
@@ -252,26 +268,17 @@ def kv_cache_append(part: Part) -> Iterator[Check]:
             ((2, 0, 1, 2, 0, 1, 2), (4, 4, 4, 1, 1, 1, 3), torch.float64, 4),
         ]
     for index, (layers, lengths, dtype, n_layers) in enumerate(cases):
-        arguments = {
-            "n_layers": n_layers,
-            "layers": list(layers),
-            **_kv_arguments(lengths, 500 + 10 * index, part, dtype),
-        }
-        call = part.call(**arguments)
-        yield Check(call, lambda result, call=call, a=arguments: _judge_appends(str(call), a, result))
-    yield from _kv_errors(part)
-
-
-def _kv_errors(part: Part) -> Iterator[Check]:
-    """The documented errors: n_layers below 1, a layer out of range, new keys that do not fit the stored ones
-    (d_head, a batch of 1 after a batch of 2, which a preallocated buffer would broadcast; n_kv_heads)."""
+        pieces = _kv_arguments(lengths, 500 + 10 * index, part, dtype)
+        yield _check(part, _judge_appends, {"n_layers": n_layers, "layers": list(layers), **pieces})
+    # the documented errors: n_layers below 1, a layer out of range, new keys that do not fit the stored ones
     for n_layers in (-1, 0) if part.hidden else (0,):
         call = part.call(n_layers=n_layers, layers=[0], **_kv_arguments((1,), 580, part))
         yield engine.raises(call, "ValueError", "if n_layers < 1", TEXT["kv n_layers"])
     for n_layers, layer in ((2, 2), (1, 4)) if part.hidden else ((2, 2),):
         call = part.call(n_layers=n_layers, layers=[0, layer], **_kv_arguments((2, 1), 582, part))
         yield engine.raises(call, "IndexError", f"for layer {layer} of {n_layers} layers", TEXT["kv layer"])
-    # the shape of the keys that do not fit: [batch, n_kv_heads, new_len, d_head], after [2, 3, len, 5]
+    # the keys that do not fit [2, 3, len, 5]: another d_head, a batch of 1 (which a preallocated buffer would
+    # broadcast), another n_kv_heads
     misfits = ((2, 3, 1, 4), (1, 3, 1, 5)) if not part.hidden else ((2, 2, 1, 5), (1, 3, 2, 5), (2, 3, 1, 6))
     for index, shape in enumerate(misfits):
         then = {
@@ -284,11 +291,9 @@ def _kv_errors(part: Part) -> Iterator[Check]:
 
 
 def _judge_appends(call: str, arguments: dict[str, Any], result: Any) -> None:
-    layers, pieces = (
-        arguments["layers"],
-        {n: arguments[n].split(arguments["lengths"], 2) for n in ("keys", "values")},
-    )
-    returned, held = result
+    """What each append returned, then what each layer holds: the pieces appended to that layer."""
+    layers, (returned, held) = arguments["layers"], result
+    pieces = {n: arguments[n].split(arguments["lengths"], 2) for n in ("keys", "values")}
     for i, got in enumerate([*returned, *held]):
         layer = layers[i] if i < len(layers) else i - len(layers)
         mine = [j for j in range(min(i + 1, len(layers))) if layers[j] == layer]  # the pieces the layer holds
@@ -304,27 +309,23 @@ def _judge_appends(call: str, arguments: dict[str, Any], result: Any) -> None:
             continue
         if not isinstance(got, tuple | list) or len(got) != 2:
             fail(f"{appended} in {call} returned {engine.describe(got)}, expected (keys, values).")
-        for k, name in enumerate(("keys", "values")):
+        for actual, name, other in zip(got, ("keys", "values"), ("values", "keys"), strict=True):
             where = f"the {name} returned by {appended}" if i < len(layers) else f"{name}({layer})"
-            own, other = pieces[name], pieces["values" if name == "keys" else "keys"]
+            own = pieces[name]
             wrong = [
                 (TEXT["new only"], own[mine[-1]]),
                 (TEXT["old only"], torch.cat([own[j] for j in mine[:-1]] or [own[0][:, :, :0]], dim=2)),
                 (TEXT["shared layers"], torch.cat(own[: mine[-1] + 1], dim=2)),
-                (TEXT["swapped"], torch.cat([other[j] for j in mine], dim=2)),
+                (TEXT["swapped"], torch.cat([pieces[other][j] for j in mine], dim=2)),
             ]
-            expected = torch.cat([own[j] for j in mine], dim=2)
-            _compare(got[k], expected, f"{where} in {call}", wrong)
+            _compare(actual, torch.cat([own[j] for j in mine], dim=2), f"{where} in {call}", wrong)
 
 
 def _compare(got: Any, expected: torch.Tensor, where: str, wrong: list[tuple[str, torch.Tensor]]) -> None:
-    """``assert_values`` with known mistakes ``(hint, result)``, told by their values or by their shapes."""
-    shapes: dict[tuple[int, ...], str] = {}
-    for hint, result in wrong:
-        if result.shape != expected.shape:
-            shapes.setdefault(tuple(result.shape), hint)
-    mistakes = lambda: (Mistake(hint, result) for hint, result in wrong)  # noqa: E731
-    assert_values(got, expected, where, hints=shapes, mistakes=mistakes)
+    """``assert_values`` with known mistakes ``(hint, result)``, told by their values or by their shapes (the
+    first of a shape), then the dtype and device of what was appended."""
+    shapes = {tuple(r.shape): hint for hint, r in reversed(wrong) if r.shape != expected.shape}
+    assert_values(got, expected, where, hints=shapes, mistakes=lambda: (Mistake(*row) for row in wrong))
     if got.dtype != expected.dtype or got.device != expected.device:
         fail(
             f"{where} is {engine.describe(got)}, where the keys and values appended are "
@@ -339,9 +340,9 @@ def kv_cache_length_reset(part: Part) -> Iterator[Check]:
     appended after it is all the cache holds."""
     cases = ((2, (3, 1, 2, 4)),) if not part.hidden else ((1, (1, 1, 5)), (3, (6, 2, 1)))
     for index, (n_layers, lengths) in enumerate(cases):
-        arguments = {"n_layers": n_layers, **_kv_arguments(lengths, 540 + 10 * index, part)}
-        call = part.call(**arguments)
-        yield Check(call, lambda result, call=call, a=arguments: _judge_length(str(call), a, result))
+        yield _check(
+            part, _judge_length, {"n_layers": n_layers, **_kv_arguments(lengths, 540 + 10 * index, part)}
+        )
 
 
 def _lengths(lengths: list[int], n_layers: int, row: str = "") -> list[int]:
@@ -349,9 +350,8 @@ def _lengths(lengths: list[int], n_layers: int, row: str = "") -> list[int]:
     the last pass, as a right cache or a mistake (``row``) counts it (check code)."""
     seen, layer_0, counter = [0], 0, 0
     for index, n in enumerate(lengths):
-        if index == len(lengths) - 1 and row != "not reset":
-            layer_0 = counter = 0
-        if index == len(lengths) - 1:
+        if index == len(lengths) - 1:  # reset() before the last forward pass
+            layer_0, counter = (layer_0, counter) if row == "not reset" else (0, 0)
             seen.append(counter if row == "every append" else layer_0)
         before, layer_0 = layer_0, layer_0 + n
         for layer in range(n_layers):
@@ -364,50 +364,37 @@ def _lengths(lengths: list[int], n_layers: int, row: str = "") -> list[int]:
 
 
 def _judge_length(call: str, arguments: dict[str, Any], result: Any) -> None:
-    lengths, n_layers = arguments["lengths"], arguments["n_layers"]
+    """``length`` at every point against :func:`_lengths`, then what each layer holds after the reset."""
+    lengths, n_layers, (seen, held) = arguments["lengths"], arguments["n_layers"], result
     expected = _lengths(lengths, n_layers)
-    seen, held = result
     if seen != expected:
-        cause = next(
-            (
-                TEXT[row]
-                for row in ("not reset", "last layer", "every append")
-                if seen == _lengths(lengths, n_layers, row)
-            ),
-            "",
-        )
+        rows = ("not reset", "last layer", "every append")
+        cause = next((TEXT[row] for row in rows if seen == _lengths(lengths, n_layers, row)), "")
         if not all(isinstance(length, int) for length in seen):
-            cause = "length must be an int: keep it a property (@property), as the task has it"
+            cause = TEXT["length int"]
         shown = [length if isinstance(length, int) else engine.describe(length) for length in seen]
         fail(
             f"cache.length in {call} was {shown} (at the start, after each append to each of the {n_layers} "
             f"layers, after reset() before the last forward pass), expected {expected}.",
             cause,
         )
-    for layer, (keys, values) in enumerate(held):
+    last = slice(-lengths[-1], None)
+    for layer, pair in enumerate(held):
         where = f"layer {layer} after reset() and one more forward pass in {call}"
-        for name, other, got in (("keys", "values", keys), ("values", "keys", values)):
-            everything, last = arguments[name], slice(-lengths[-1], None)
-            wrong = [(TEXT["not reset"], everything), (TEXT["swapped"], arguments[other][:, :, last])]
-            _compare(got, everything[:, :, last], f"the {name} of {where}", wrong)
+        for got, name, other in zip(pair, ("keys", "values"), ("values", "keys"), strict=True):
+            wrong = [(TEXT["not reset"], arguments[name]), (TEXT["swapped"], arguments[other][:, :, last])]
+            _compare(got, arguments[name][:, :, last], f"the {name} of {where}", wrong)
 
 
 # --- 2. generate, on a decoder of the checks
 
 VOCAB, D_MODEL, N_HEADS, N_KV_HEADS, N_LAYERS, MAX_LEN = 13, 12, 4, 2, 2, 48
 D_HEAD = D_MODEL // N_HEADS
-
-
-def _shapes() -> dict[str, tuple[int, int]]:
-    """The decoder's weights, in the order of the flat vector that holds them."""
-    shapes = {"embedding": (VOCAB, D_MODEL), "position": (MAX_LEN, D_MODEL), "output": (D_MODEL, VOCAB)}
-    for layer in range(N_LAYERS):
-        heads = {"q": N_HEADS, "k": N_KV_HEADS, "v": N_KV_HEADS, "o": N_HEADS, "f": N_HEADS}
-        shapes |= {f"{kind}{layer}": (n * D_HEAD, D_MODEL) for kind, n in heads.items()}
-    return shapes
-
-
-SHAPES = _shapes()
+# the decoder's weights, in the order of the flat vector that holds them
+HEADS = {"q": N_HEADS, "k": N_KV_HEADS, "v": N_KV_HEADS, "o": N_HEADS, "f": N_HEADS}
+SHAPES = {"embedding": (VOCAB, D_MODEL), "position": (MAX_LEN, D_MODEL), "output": (D_MODEL, VOCAB)} | {
+    f"{kind}{layer}": (n * D_HEAD, D_MODEL) for layer in range(N_LAYERS) for kind, n in HEADS.items()
+}
 
 
 class Decoder(nn.Module):
@@ -460,11 +447,8 @@ class Decoder(nn.Module):
 
 def _cached(result: Any, new: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """What a learner's ``cache.append`` returned, if it is keys and values ``[batch, heads, len, d]``."""
-    good = (
-        isinstance(result, tuple | list)
-        and len(result) == 2
-        and all(isinstance(t, torch.Tensor) for t in result)
-    )
+    good = isinstance(result, tuple | list) and len(result) == 2
+    good = good and all(isinstance(t, torch.Tensor) for t in result)
     shapes = [list(t.shape) for t in result] if good else result
     if not good or any(s[:2] + s[3:] != [new[0], new[1], new[3]] or s[2] < new[2] for s in shapes):
         raise ValueError(
@@ -492,34 +476,33 @@ def _generate(fn: Any, *, weights, prompt, max_new_tokens, use_cache, before=Non
 GENERATE = Driver(_generate)
 
 
-class _Cache:
-    """A cache of the checks (what a right KVCache does)."""
-
-    def __init__(self) -> None:
-        self.held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+class _Cache(dict):
+    """A cache of the checks (what a right KVCache does): ``{layer: (keys, values)}``."""
 
     @property
     def length(self) -> int:
-        return self.held[0][0].size(2) if self.held else 0
+        return self[0][0].size(2) if self else 0
 
     def append(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        old = self.held.get(layer)
-        self.held[layer] = (
-            (key, value) if old is None else (torch.cat([old[0], key], 2), torch.cat([old[1], value], 2))
-        )
-        return self.held[layer]
+        old = self.get(layer, (key[:, :, :0], value[:, :, :0]))
+        self[layer] = (torch.cat([old[0], key], 2), torch.cat([old[1], value], 2))
+        return self[layer]
+
+
+# the mistakes of generate, without a cache and with one (keys of TEXT)
+MISTAKES = {
+    False: ("no mask", "last token only"),
+    True: ("positions not advanced", "top-left", "no mask", "whole sequence", "prompt skipped"),
+}
 
 
 def decode(
-    arguments: dict[str, Any], use_cache: bool, mistake: str = "", dtype: torch.dtype = torch.float64
+    arguments: dict[str, Any], use_cache: bool, mistake: str = ""
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy decoding as a right ``generate`` does it, or with ``mistake`` (a key of TEXT), in ``dtype``:
+    """Greedy decoding as a right ``generate`` does it, or with ``mistake`` (of :data:`MISTAKES`), in float64:
     the tokens and the last logits of each step ``[batch, steps, vocab]`` (check code)."""
-    model, prompt, cache = (
-        Decoder(arguments["weights"].to(dtype)),
-        arguments["prompt"],
-        _Cache() if use_cache else None,
-    )
+    model, prompt = Decoder(arguments["weights"].double()), arguments["prompt"]
+    cache = _Cache() if use_cache else None
     tokens = new = prompt
     with torch.no_grad():
         for step in range(arguments["max_new_tokens"]):
@@ -535,31 +518,8 @@ def decode(
             mask = None if mistake == "no mask" else mask.tril(0 if mistake == "top-left" else past)
             new = model(new, positions, mask, cache)[:, -1].argmax(dim=-1, keepdim=True)
             tokens = torch.cat([tokens, new], dim=1)
-    steps = (
-        torch.stack(model.step_logits, dim=1) if model.step_logits else torch.empty(prompt.size(0), 0, VOCAB)
-    )
-    return tokens, steps.to(dtype)
-
-
-MISTAKES = {
-    False: ("no mask", "last token only"),
-    True: ("positions not advanced", "top-left", "no mask", "whole sequence", "prompt skipped"),
-}
-
-
-def _expected(part: Part, arguments: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The right tokens (the checks' greedy decoding; the reference's in a hidden part), and each step's last
-    logits from one forward pass of the decoder over the whole sequence, without a cache (float64)."""
-    model, prompt, n = (
-        Decoder(arguments["weights"].double()),
-        arguments["prompt"],
-        arguments["max_new_tokens"],
-    )
-    tokens = part.reference(model, prompt, n) if part.hidden else decode(arguments, True)[0]
-    steps = _logits(arguments, tokens)
-    if not torch.equal(steps.argmax(-1), tokens[:, prompt.size(1) :]):  # greedy, step after step
-        raise RuntimeError("the checks' greedy decoding disagrees with the decoder's logits")
-    return tokens, steps
+    steps = model.step_logits
+    return tokens, torch.stack(steps, dim=1) if steps else torch.empty(prompt.size(0), 0, VOCAB).double()
 
 
 def _logits(arguments: dict[str, Any], tokens: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
@@ -580,19 +540,27 @@ ANSWERS: dict[tuple, tuple[torch.Tensor, torch.Tensor, float]] = {}
 
 
 def _answer(part: Part, arguments: dict[str, Any], key: tuple) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """:func:`_expected`, and the error of one forward pass in the weights' dtype (the tolerance), cached."""
+    """The right tokens (the checks' greedy decoding; the reference's in a hidden part), each step's last
+    logits from one forward pass of the decoder over the whole sequence, without a cache (float64), and the
+    error of that pass in the weights' dtype (the tolerance); cached in :data:`ANSWERS` under ``key``."""
     if key not in ANSWERS:
-        tokens, steps = _expected(part, arguments)
+        prompt, n = arguments["prompt"], arguments["max_new_tokens"]
+        model = Decoder(arguments["weights"].double())
+        tokens = part.reference(model, prompt, n) if part.hidden else decode(arguments, True)[0]
+        steps = _logits(arguments, tokens)
+        if not torch.equal(steps.argmax(-1), tokens[:, prompt.size(1) :]):  # greedy, step after step
+            raise RuntimeError("the checks' greedy decoding disagrees with the decoder's logits")
         naive = (_logits(arguments, tokens, arguments["weights"].dtype) - steps).abs()
         ANSWERS[key] = tokens, steps, naive.max().item() if naive.numel() else 0.0
     return ANSWERS[key]
 
 
 def _judge_generate(
-    part: Part, call: Any, arguments: dict[str, Any], result: Any, cost: bool, key: tuple
+    call: str, arguments: dict[str, Any], result: Any, *, part: Part, cost: bool, key: tuple
 ) -> None:
-    tokens, steps, key_positions = result
-    prompt, n, use_cache = arguments["prompt"], arguments["max_new_tokens"], arguments["use_cache"]
+    """The tokens and, unless ``cost``, each step's logits against :func:`_answer`; with ``cost``, the
+    positions that went through the first key projection too."""
+    (tokens, steps, key_positions), prompt, n = result, arguments["prompt"], arguments["max_new_tokens"]
     right_tokens, right_steps, naive = _answer(part, arguments, key)
     batch, length = right_tokens.shape
     engine.assert_shape(
@@ -606,9 +574,9 @@ def _judge_generate(
         )
 
     def mistakes() -> Iterator[Mistake]:
-        for mistake in MISTAKES[use_cache]:
+        for mistake in MISTAKES[arguments["use_cache"]]:
             try:
-                yield Mistake(TEXT[mistake], decode(arguments, use_cache, mistake)[1])
+                yield Mistake(TEXT[mistake], decode(arguments, arguments["use_cache"], mistake)[1])
             except (ValueError, IndexError, RuntimeError):  # the mistake cannot run on these inputs
                 continue
 
@@ -636,14 +604,14 @@ def _generate_arguments(
     part: Part, seed: int, batch: int, prompt_len: int, new: int, dtype: torch.dtype, use_cache: bool
 ) -> dict[str, Any]:
     """The decoder's weights (flat, of ``dtype``), a prompt ``[batch, prompt_len]``, and the options."""
+    scales = {name: 1.0 if name in ("embedding", "position") else 1.5 / math.sqrt(D_MODEL) for name in SHAPES}
     weights = [
-        randn(shape, seed=seed + i, device=part.device, dtype=dtype).flatten()
-        for i, shape in enumerate(SHAPES.values())
+        randn(shape, seed=seed + i, device=part.device, dtype=dtype).flatten() * scales[name]
+        for i, (name, shape) in enumerate(SHAPES.items())
     ]
-    scales = [1.0 if name in ("embedding", "position") else 1.5 / math.sqrt(D_MODEL) for name in SHAPES]
     prompt = torch.randint(0, VOCAB, (batch, prompt_len), generator=engine.seeded_generator(seed + 99))
     return {
-        "weights": torch.cat([w * s for w, s in zip(weights, scales, strict=True)]),
+        "weights": torch.cat(weights),
         "prompt": prompt.to(part.device),
         "max_new_tokens": new,
         "use_cache": use_cache,
@@ -651,6 +619,7 @@ def _generate_arguments(
 
 
 def _generate_checks(part: Part, use_cache: bool, cost: bool = False) -> Iterator[Check]:
+    """The cases of the three generate cells; the second, after the same model completed another prompt."""
     # (batch, prompt_len, new tokens, dtype); no new token at all (the prompt alone) too
     cases = ((3, 4, 20, torch.float64), (2, 3, 8, torch.float32), (2, 3, 0, torch.float64))
     if part.hidden:
@@ -668,14 +637,8 @@ def _generate_checks(part: Part, use_cache: bool, cost: bool = False) -> Iterato
             generator = engine.seeded_generator(seed + 98)
             arguments["before"] = torch.randint(0, VOCAB, (batch, 5), generator=generator).to(part.device)
             label = " (after the same model completed another prompt)"
-        call = part.call(label, **arguments)
         key = (part.hidden, id(part.reference), seed, batch, prompt_len, new, str(dtype), str(part.device))
-        yield Check(
-            call,
-            lambda result, call=call, a=arguments, key=key: _judge_generate(
-                part, str(call), a, result, cost, key
-            ),
-        )
+        yield _check(part, _judge_generate, arguments, label, part=part, cost=cost, key=key)
 
 
 @behaviour(function="generate", points=2, hints=MODEL_HINTS, driver=GENERATE)
@@ -709,16 +672,8 @@ def generate_uses_cache(part: Part) -> Iterator[Check]:
 
 SLOTS = "Position p of a sequence is in slot p % block_size of block block_tables[seq_id][p // block_size]."
 # the operations of a script; a capital letter is one that must raise (as must "x", an append that cannot fit)
-KINDS = {
-    "a": "append",
-    "x": "overflow",
-    "f": "fork",
-    "g": "gather",
-    "r": "free",
-    "F": "fork error",
-    "G": "gather error",
-    "R": "free error",
-}
+KINDS = {"a": "append", "x": "overflow", "f": "fork", "g": "gather", "r": "free"}
+KINDS |= {kind.upper(): f"{KINDS[kind]} error" for kind in "fgr"}
 
 
 def operations(steps: str) -> Iterator[tuple[str, int, int, int]]:
@@ -732,24 +687,19 @@ def operations(steps: str) -> Iterator[tuple[str, int, int, int]]:
         start += int(n or 0) if step[0] in "ax" else 0
 
 
-def _pool(tensor: Any) -> Any:
-    """``(dtype, shape, device)`` of a pool tensor, as text (None if it is not a tensor)."""
-    return (
-        (str(tensor.dtype), list(tensor.shape), str(tensor.device))
-        if isinstance(tensor, torch.Tensor)
-        else None
-    )
-
-
 def _paged(
     cls: Any, *, block_size: int, n_blocks: int, steps: str, keys, values, n_kv_heads=None, d_head=None
 ) -> Any:
-    """Run ``steps`` (the kernel): the pool's format, then after each operation what it returned and the
-    cache's state (``n_kv_heads`` and ``d_head``: those of the keys, unless given)."""
+    """Run ``steps`` (the kernel): the pool's ``(dtype, shape, device)`` as text (None: no tensor), then after
+    each operation what it returned and the cache's state (``n_kv_heads`` and ``d_head``: those of the keys,
+    unless given)."""
     heads = keys.size(0) if n_kv_heads is None else n_kv_heads
     width = keys.size(2) if d_head is None else d_head
     cache = cls(block_size, n_blocks, heads, width, dtype=keys.dtype, device=keys.device)
-    pool = [_pool(getattr(cache, name, None)) for name in ("key_blocks", "value_blocks")]
+    pool = [getattr(cache, name, None) for name in ("key_blocks", "value_blocks")]
+    pool = [
+        (str(t.dtype), list(t.shape), str(t.device)) if isinstance(t, torch.Tensor) else None for t in pool
+    ]
     results = []
     for kind, seq, n, start in operations(steps):
         out, new = None, (keys[:, start : start + n], values[:, start : start + n])
@@ -771,45 +721,37 @@ def _paged(
             if not must_raise:
                 results.append((out, None, None, None, None))
                 break
-        held = sorted(
-            (int(s), [int(b) for b in table]) for s, table in cache.block_tables.items() if len(table)
-        )
+        held = sorted((int(s), [int(b) for b in t]) for s, t in cache.block_tables.items() if len(t))
         lengths = sorted((int(s), int(n)) for s, n in cache.lengths.items() if int(n))
-        results.append(
-            (
-                out,
-                held,
-                sorted(int(b) for b in cache.free_blocks),
-                [int(c) for c in cache.ref_counts],
-                lengths,
-            )
-        )
+        free, refs = sorted(int(b) for b in cache.free_blocks), [int(c) for c in cache.ref_counts]
+        results.append((out, held, free, refs, lengths))
     return pool, results
 
 
 PAGED = Driver(_paged)
 
 
-def _expected_tables(steps: str, block_size: int) -> Iterator[dict[int, list[tuple[int, str]]]]:
-    """After each operation, each sequence's blocks as labels ``(number, how it came)``: one label, one
-    block (check code)."""
+def _specification(steps: str, block_size: int) -> Iterator[tuple[dict, dict]]:
+    """After each operation, what each sequence holds by its specification: its blocks as labels ``(number,
+    how it came)``, one label for one block, and the positions of the keys and values appended (check
+    code)."""
     tables: dict[int, list[tuple[int, str]]] = {}
-    lengths: dict[int, int] = {}
+    positions: dict[int, list[int]] = {}
     labels = itertools.count()
-    for kind, seq, n, _ in operations(steps):
+    for kind, seq, n, start in operations(steps):
         if kind == "append":
-            table, length = tables.setdefault(seq, []), lengths.get(seq, 0)
+            table, length = tables.setdefault(seq, []), len(positions.get(seq, []))
             others = [label for s, t in tables.items() if s != seq for label in t]
             if n and length % block_size and table[-1] in others:  # copy on write
                 table[-1] = (next(labels), "copy")
             while len(table) * block_size < length + n:
                 table.append((next(labels), "new"))
-            lengths[seq] = length + n
+            positions[seq] = [*positions.get(seq, []), *range(start, start + n)]
         elif kind == "fork":
-            tables[n], lengths[n] = list(tables[seq]), lengths[seq]
+            tables[n], positions[n] = list(tables[seq]), list(positions[seq])
         elif kind == "free":
-            del tables[seq], lengths[seq]
-        yield {s: list(t) for s, t in tables.items()}
+            del tables[seq], positions[seq]
+        yield {s: list(t) for s, t in tables.items()}, positions
 
 
 def _judge_state(
@@ -825,34 +767,26 @@ def _judge_state(
             fail(
                 f"after {where} sequence {seq} holds {len(table)} blocks, expected {len(expected[seq])}: "
                 "ceil(len / block_size) for its len positions.",
-                "take a new block only when the last one is full (position % block_size == 0)",
+                TEXT["block count"],
             )
     if len(refs) != n_blocks or any(not 0 <= b < n_blocks for t in held.values() for b in t):
         fail(f"after {where} the block ids or ref_counts do not fit a pool of {n_blocks} blocks.")
     labels, blocks = {}, {}  # one label for each block, one block for each label
-    for seq, table in held.items():
-        for index, (block, label) in enumerate(zip(table, expected[seq], strict=True)):
-            other = labels.setdefault(block, label)
-            if other != label:
-                cause = (
-                    "copy on write is missing: a sequence wrote into a block that another sequence still "
-                    "holds (after a fork): copy a shared, partly filled block before writing into it"
-                    if "copy" in (label[1], other[1])
-                    else "one block was given to two sequences: take new blocks from free_blocks (and remove "
-                    "them from it)"
-                )
-                fail(
-                    f"after {where} block {block} (block {index} of sequence {seq}) is shared where it must "
-                    "not be.",
-                    cause,
-                )
-            if blocks.setdefault(label, block) != block:
-                fail(
-                    f"after {where} block {index} of sequence {seq} is block {block}, not the block "
-                    f"{blocks[label]} that it shares with another sequence.",
-                    "fork shares the parent's blocks (the child's block table is a copy of the parent's, no "
-                    "block is copied); later, only the partly filled last block is copied, before a write",
-                )
+    # (seq_id, index in its table, (block, label)) of every block the tables hold
+    pairs = [(s, *row) for s, t in held.items() for row in enumerate(zip(t, expected[s], strict=True))]
+    for seq, index, (block, label) in pairs:
+        if (other := labels.setdefault(block, label)) != label:
+            fail(
+                f"after {where} block {block} (block {index} of sequence {seq}) is shared where it must "
+                "not be.",
+                TEXT["copy missing" if "copy" in (label[1], other[1]) else "one block"],
+            )
+        if blocks.setdefault(label, block) != block:
+            fail(
+                f"after {where} block {index} of sequence {seq} is block {block}, not the block "
+                f"{blocks[label]} that it shares with another sequence.",
+                TEXT["fork shares"],
+            )
     counts = [sum(t.count(b) for t in held.values()) for b in range(n_blocks)]
     unheld = [b for b in range(n_blocks) if counts[b] == 0]
     if free != unheld:
@@ -861,32 +795,22 @@ def _judge_state(
             f"block {still[0]} was freed while a sequence still holds it: a block returns to free_blocks "
             "only when its reference count drops to 0"
             if still
-            else "a block that no sequence holds is not in free_blocks (a leak): free must return it"
+            else TEXT["leak"]
         )
         fail(f"after {where} free_blocks is {free}, expected the blocks no sequence holds, {unheld}.", cause)
     if refs != counts:
         b = next(b for b in range(n_blocks) if refs[b] != counts[b])
         fail(
             f"after {where} ref_counts[{b}] is {refs[b]}, but {counts[b]} block tables hold block {b}.",
-            "fork adds one to the count of each block it shares, free subtracts one, and copy on write "
-            "moves one",
+            TEXT["ref counts"],
         )
-    for seq, table in held.items():
-        for index, (block, label) in enumerate(zip(table, expected[seq], strict=True)):
-            if owners.setdefault(label, block) != block:
-                fail(
-                    f"after {where} block {index} of sequence {seq} is block {block}; it was block "
-                    f"{owners[label]}, which no other sequence held when it was written.",
-                    TEXT["in place"],
-                )
-
-
-def _error_expected(kind: str, seq: int, child: int, live: dict) -> tuple[str, str, str]:
-    """The exception that an operation ``kind`` must raise: ``(type, condition, likely cause)``."""
-    if kind == "fork error" and child in live:
-        return "ValueError", f"since sequence {child} exists", TEXT["fork exists"]
-    owner = "parent " if kind == "fork error" else ""
-    return "KeyError", f"since there is no {owner}sequence {seq}", TEXT["no sequence"]
+    for seq, index, (block, label) in pairs:
+        if owners.setdefault(label, block) != block:
+            fail(
+                f"after {where} block {index} of sequence {seq} is block {block}; it was block "
+                f"{owners[label]}, which no other sequence held when it was written.",
+                TEXT["in place"],
+            )
 
 
 def _judge_pool(call: str, arguments: dict[str, Any], pool: list) -> None:
@@ -908,22 +832,19 @@ def _judge_pool(call: str, arguments: dict[str, Any], pool: list) -> None:
 
 
 def _judge_paged(call: str, arguments: dict[str, Any], result: Any, formats: bool = False) -> None:
-    steps, keys, values = arguments["steps"], arguments["keys"], arguments["values"]
-    pool, result = result
+    """The pool (with ``formats``), then what each operation returned or raised and the state it left,
+    against :func:`_specification`."""
+    steps, (pool, result), previous, owners = arguments["steps"], result, None, {}
     if formats:
         _judge_pool(call, arguments, pool)
-    appended: dict[int, list[int]] = {}  # the positions of the keys and values each sequence holds
-    previous, owners = None, {}
-    states = _expected_tables(steps, arguments["block_size"])
-    for number, ((kind, seq, n, start), state, expected) in enumerate(
-        zip(operations(steps), result, states, strict=False)  # the kernel stops at an operation that raises
-    ):
-        out, *now = state
+    # the kernel stops at an operation that raises where it must not: zip stops there too
+    script = zip(operations(steps), result, _specification(steps, arguments["block_size"]), strict=False)
+    for number, ((kind, seq, n, _), (out, *now), (expected, positions)) in enumerate(script):
         where = f"operation {number + 1} ({steps.split()[number]}: {kind} {seq}) of {call}"
         if now[0] is None:
-            text = f"{where} raised {out}"
-            fits = kind == "append" and out.startswith("RuntimeError")
-            fail(text, TEXT["fits"] if fits else engine.hint_for(out, HINTS), got=out, raised=True)
+            fits = kind == "append" and out.startswith("RuntimeError")  # the specification says it fits
+            cause = TEXT["fits"] if fits else engine.hint_for(out, HINTS)
+            fail(f"{where} raised {out}", cause, got=out, raised=True)
         if kind == "overflow":
             if not out.startswith("RuntimeError"):
                 fail(
@@ -931,35 +852,29 @@ def _judge_paged(call: str, arguments: dict[str, Any], result: Any, formats: boo
                     TEXT["overflow"],
                 )
             if now != previous:
-                fail(
-                    f"after {where} the cache changed although the append failed.",
-                    "check that enough blocks are free before changing anything",
-                )
+                fail(f"after {where} the cache changed although the append failed.", TEXT["unchanged"])
             continue
-        if kind.endswith("error"):
-            error, condition, cause = _error_expected(kind, seq, n, appended)
+        if kind.endswith("error"):  # KeyError, or ValueError for a fork into a sequence that exists
+            error, cause = "KeyError", TEXT["no sequence"]
+            condition = f"since there is no {'parent ' if kind == 'fork error' else ''}sequence {seq}"
+            if kind == "fork error" and n in positions:
+                error, condition, cause = "ValueError", f"since sequence {n} exists", TEXT["fork exists"]
             if not out.startswith(f"{error}:"):
                 fail(
                     f"{where} should raise {error} {condition}, as its docstring says, but gave {out}.", cause
                 )
             previous = now
             continue
-        if kind == "append":
-            appended.setdefault(seq, []).extend(range(start, start + n))
-        elif kind == "fork":
-            appended[n] = list(appended[seq])
-        elif kind == "free":
-            del appended[seq]
         _judge_state(where, *now[:3], expected, arguments["n_blocks"], owners)
-        lengths = sorted((s, len(positions)) for s, positions in appended.items() if positions)
+        lengths = sorted((s, len(p)) for s, p in positions.items() if p)
         if now[3] != lengths:
-            freed = sorted({s for s, _ in now[3]} - set(appended))
+            freed = sorted({s for s, _ in now[3]} - set(positions))
             fail(
                 f"after {where} lengths is {dict(now[3])}, expected {dict(lengths)}.",
                 TEXT["freed kept" if freed else "lengths"],
             )
         for k, name in enumerate(("keys", "values") if kind == "gather" else ()):
-            right, where_k = (keys, values)[k][:, appended[seq]], f"the {name} gathered by {where}"
+            right, where_k = arguments[name][:, positions[seq]], f"the {name} gathered by {where}"
             if formats:
                 engine.assert_format(out[k], where_k, right.shape, right.dtype, right.device)
             assert_values(out[k], right, f"{where_k}, [n_kv_heads, len, d_head]", note=SLOTS)
@@ -971,43 +886,13 @@ def _paged_checks(part: Part, cases: list[tuple], seed: int, formats: bool = Fal
     unless said."""
     for index, (block_size, n_blocks, steps, *dtype) in enumerate(cases):
         total = sum(n for kind, _, n, _ in operations(steps) if kind in ("append", "overflow"))
-        keys, values = (
-            randn(
-                (2, total, 3),
-                seed=seed + 10 * index + i,
-                device=part.device,
-                dtype=(*dtype, torch.float64)[0],
+        arguments: dict[str, Any] = {"block_size": block_size, "n_blocks": n_blocks, "steps": steps}
+        for i, name in enumerate(("keys", "values")):
+            at = seed + 10 * index + i
+            arguments[name] = randn(
+                (2, total, 3), seed=at, device=part.device, dtype=(*dtype, torch.float64)[0]
             )
-            for i in (0, 1)
-        )
-        arguments = {
-            "block_size": block_size,
-            "n_blocks": n_blocks,
-            "steps": steps,
-            "keys": keys,
-            "values": values,
-        }
-        call = part.call(**arguments)
-        yield Check(call, lambda result, call=call, a=arguments: _judge_paged(str(call), a, result, formats))
-
-
-def _size_errors(part: Part) -> Iterator[Check]:
-    """A size below 1 raises ValueError: each of block_size, n_blocks, n_kv_heads, d_head."""
-    cases = ((0, 4, 2, 3), (2, 0, 2, 3), (2, 4, 0, 3), (2, 4, 2, 0))
-    if part.hidden:
-        cases = ((-1, 4, 2, 3), (3, -2, 1, 1), (1, 1, -1, 2), (4, 2, 3, -3))
-    for block_size, n_blocks, n_kv_heads, d_head in cases:
-        empty = randn((2, 0, 3), seed=0, device=part.device)
-        call = part.call(
-            block_size=block_size,
-            n_blocks=n_blocks,
-            steps="",
-            keys=empty,
-            values=empty,
-            n_kv_heads=n_kv_heads,
-            d_head=d_head,
-        )
-        yield engine.raises(call, "ValueError", "if a size is below 1", TEXT["sizes"])
+        yield _check(part, _judge_paged, arguments, formats=formats)
 
 
 @behaviour(function="PagedKVCache", points=2, hints=HINTS, driver=PAGED)
@@ -1023,7 +908,15 @@ def paged_gather(part: Part) -> Iterator[Check]:
             (3, 10, "a3:7 a1:1 a3:2 a1:5 g3 g1 a0:3 g0 g1 G2", torch.bfloat16),
         ]
     yield from _paged_checks(part, cases, seed=700, formats=True)
-    yield from _size_errors(part)
+    # a size below 1 raises ValueError: each of block_size, n_blocks, n_kv_heads, d_head
+    sizes = ((0, 4, 2, 3), (2, 0, 2, 3), (2, 4, 0, 3), (2, 4, 2, 0))
+    if part.hidden:
+        sizes = ((-1, 4, 2, 3), (3, -2, 1, 1), (1, 1, -1, 2), (4, 2, 3, -3))
+    empty = randn((2, 0, 3), seed=0, device=part.device)
+    for block_size, n_blocks, n_kv_heads, d_head in sizes:
+        script = {"block_size": block_size, "n_blocks": n_blocks, "steps": "", "keys": empty, "values": empty}
+        call = part.call(**script, n_kv_heads=n_kv_heads, d_head=d_head)
+        yield engine.raises(call, "ValueError", "if a size is below 1", TEXT["sizes"])
 
 
 @behaviour(function="PagedKVCache", points=2, hints=HINTS, driver=PAGED)

@@ -15,6 +15,7 @@ created, as data, and the judge, wherever it runs, bounds that size.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -191,27 +192,21 @@ def _nan_mistake(actual: torch.Tensor, result: torch.Tensor, dtype: torch.dtype)
     if not isinstance(actual, torch.Tensor) or actual.shape != result.shape:
         return False
     a, r = actual.detach().cpu().double(), result.detach().cpu().double()
-    if not torch.equal(torch.isfinite(a), torch.isfinite(r)):
-        return False
     finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(r)):
+        return False
     rtol, atol = engine.tolerance(dtype)
     return torch.allclose(a[finite], r[finite], rtol=rtol, atol=atol)
 
 
 def _values(
-    actual: Any,
-    expected: torch.Tensor,
-    where: str,
-    *,
-    dtype: torch.dtype,
-    rows: Callable[[], Iterable[Mistake]],
-    naive_error: float = 0.0,
-    hints: dict | None = None,
-    note: str = "",
+    actual: Any, expected: torch.Tensor, where: str, rows: Callable[[], Iterable[Mistake]], **options
 ) -> None:
-    """:func:`~attention_course.checks.engine.assert_values`, with a result that is NaN or inf where the
-    answer is finite matched to a mistake by where it is NaN (``rows()``: the mistakes, in order)."""
-    assert_shape(actual, where, expected.shape, hints, dtype)
+    """:func:`~attention_course.checks.engine.assert_values` (``options``: ``dtype``, ``naive_error``,
+    ``hints``, ``note``), with a result that is NaN or inf where the answer is finite matched to a mistake by
+    where it is NaN (``rows()``: the mistakes, in order)."""
+    dtype = options["dtype"]
+    assert_shape(actual, where, expected.shape, options.get("hints"), dtype)
     a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
     bad = ~torch.isfinite(a) & torch.isfinite(e)
     if bad.any():
@@ -224,15 +219,12 @@ def _values(
             f"{list(index)}: {a[index].item()}) where the right answer is finite.",
             cause or TEXT["no guard"],
         )
-    assert_values(
-        actual,
-        expected,
-        where,
-        dtype=dtype,
-        naive_error=naive_error,
-        mistakes=lambda: iter(rows()),
-        note=note,
-    )
+    assert_values(actual, expected, where, mistakes=lambda: iter(rows()), **options)
+
+
+def _former(formats: bool, like: torch.Tensor) -> Callable[..., None]:
+    """``assert_shape``, or with ``formats`` ``assert_format`` with the dtype and device of ``like``."""
+    return functools.partial(assert_format, dtype=like.dtype, device=like.device) if formats else assert_shape
 
 
 # ==================================================================================================
@@ -240,6 +232,7 @@ def _values(
 
 STATE = ("max", "sum", "out")
 NAMES = tuple(f"{name}_{side}" for side in "ab" for name in STATE)  # max_a, sum_a, out_a, max_b, ...
+MAX_ROWS = ("max not updated", "max of b", "max smaller")
 MERGE_ROWS = (
     "sum not rescaled",
     "output not rescaled",
@@ -263,7 +256,8 @@ def block_state(scores: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor
 def merge(arguments: dict[str, Any], row: str = "") -> tuple[torch.Tensor, ...]:
     """The merged state as ``row`` computes it, float64 (check code; ``row`` names a mistake in TEXT)."""
     max_a, sum_a, out_a, max_b, sum_b, out_b = (arguments[name].double() for name in NAMES)
-    top = torch.maximum(max_a, max_b)
+    maxima = {"max not updated": max_a, "max of b": max_b, "max smaller": torch.minimum(max_a, max_b)}
+    top = maxima.get(row, torch.maximum(max_a, max_b))
     shift = top if row == "no guard" else top.masked_fill(top == -math.inf, 0.0)
     if row == "shift clamped":
         shift = top.clamp(min=0.0)
@@ -283,16 +277,14 @@ def merge(arguments: dict[str, Any], row: str = "") -> tuple[torch.Tensor, ...]:
     return top, total, out
 
 
-def _merge_check(
-    part: Part, arguments: dict[str, Any], expected=None, label: str = "", formats=False
-) -> Check:
+def _merge_check(part: Part, arguments: dict, expected=None, label: str = "", formats=False) -> Check:
     """One call of online_softmax_merge: a tuple of three, their shapes, the max, then the sum and the output
-    against ``expected`` (float64; default: the reference in hidden parts, :func:`merge` in visible ones)."""
+    against the reference in hidden parts, ``expected`` (float64; default :func:`merge`) in visible ones."""
     call = part.call(label, **arguments)
-    first = arguments["out_a"]
-    lead_q = tuple(torch.broadcast_shapes(arguments["max_a"].shape, arguments["max_b"].shape))
+    first, form = arguments["out_a"], _former(formats, arguments["out_a"])
+    # the broadcast shape of the maxima (torch.broadcast_shapes would import torch._refs: 1 s, once)
+    lead_q = tuple(torch.broadcast_tensors(arguments["max_a"], arguments["max_b"])[0].shape)
     shapes = {"max": lead_q, "sum": lead_q, "out": (*lead_q, first.size(-1))}
-    hints = {name: {(*lead_q, 1): TEXT.get(f"{name} q_len 1", "")} for name in STATE}
 
     def judge(result: Any) -> None:
         if not isinstance(result, tuple | list) or len(result) != 3:
@@ -301,16 +293,14 @@ def _merge_check(
                 f"{call} should return (max, sum, out), got {type_name(result)}{length}.", TEXT["state tuple"]
             )
         for name, actual in zip(STATE, result, strict=True):
-            where = f"the {name} returned by {call}"
-            if formats:
-                assert_format(actual, where, shapes[name], first.dtype, first.device, hints[name])
-            else:
-                assert_shape(actual, where, shapes[name], hints[name])
-        answer = expected if expected is not None else _merge_answer(part, arguments)
+            hints = {(*lead_q, 1): TEXT.get(f"{name} q_len 1", "")}
+            form(actual, f"the {name} returned by {call}", shapes[name], hints=hints)
+        if part.hidden:
+            answer = part.reference(**{name: value.double() for name, value in arguments.items()})
+        else:
+            answer = expected if expected is not None else merge(arguments)
         top, where = result[0].detach().cpu().double(), f"the max returned by {call}"
-        named = {"max not updated": arguments["max_a"], "max of b": arguments["max_b"]}
-        named["max smaller"] = torch.minimum(arguments["max_a"], arguments["max_b"])
-        maxima = [Mistake(TEXT[n], v.detach().cpu().double()) for n, v in named.items()]
+        maxima = [Mistake(TEXT[row], merge(arguments, row)[0].cpu()) for row in MAX_ROWS]
         if not torch.equal(top == -math.inf, answer[0].cpu() == -math.inf):
             cause = next((m.hint for m in maxima if _same_max(top, m.result)), TEXT["max shift"])
             fail(f"{where} is not -inf exactly where neither state has seen a key.", cause)
@@ -333,33 +323,19 @@ def _same_max(actual: torch.Tensor, other: torch.Tensor) -> bool:
     return torch.allclose(actual[~infinite], other[~infinite], rtol=1e-3, atol=1e-3)
 
 
-def _merge_answer(part: Part, arguments: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-    """The merged state in float64: the reference's in hidden parts, the formula's in visible ones."""
-    if not part.hidden:
-        return merge(arguments)
-    return part.reference(**{name: value.double() for name, value in arguments.items()})
-
-
 def _states(
-    sizes: Sizes,
-    split: int,
-    *,
-    seed: int,
-    device,
-    dtype=torch.float64,
-    mask_kind: str = "",
-    shift: float = 0.0,
+    part: Part, sizes: Sizes, split: int, seed: int, dtype=torch.float64, kind="", shift=0.0
 ) -> tuple:
     """``(arguments, whole)``: the states of keys ``[:split]`` and ``[split:]`` of random attention inputs
-    (masked with the family's ``mask_kind``), cast to ``dtype``, and the state of all the keys, float64."""
-    inputs = family.qkv(sizes, seed=seed, device=device)
+    (masked with the family's mask ``kind``, shifted by ``shift``), cast to ``dtype``, and the state of all
+    the keys, float64."""
+    inputs = family.qkv(sizes, seed=seed, device=part.device)
     scores = inputs["query"] @ inputs["key"].transpose(-2, -1) / math.sqrt(sizes.d_k)  # [..., q_len, k_len]
     scores = scores + shift  # far below 0: an exp() shifted by 0 instead of the max underflows
-    if mask_kind:
+    if kind:
         shape = (*sizes.lead, sizes.q_len, sizes.k_len)
-        scores = scores.masked_fill(
-            ~family.mask(shape, seed=seed + 5, device=device, kind=mask_kind), -math.inf
-        )
+        allowed = family.mask(shape, seed=seed + 5, device=part.device, kind=kind)
+        scores = scores.masked_fill(~allowed, -math.inf)
     value = inputs["value"]
     a = block_state(scores[..., :split], value[..., :split, :])
     b = block_state(scores[..., split:], value[..., split:, :])
@@ -367,31 +343,25 @@ def _states(
     return arguments, block_state(scores, value)
 
 
-def _by_hand(device: torch.device) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+def _by_hand(part: Part) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
     """States (m, l, o) = (1, 2, [3, -1]) and (3, 1, [1, 2]), and their merge, every number written out."""
     e = math.exp(-2.0)  # exp(m_a - m) with m = 3; exp(m_b - m) = 1
     given = ([1.0], [2.0], [[3.0, -1.0]], [3.0], [1.0], [[1.0, 2.0]])
-    arguments = {
-        n: torch.tensor(v, dtype=torch.float64, device=device) for n, v in zip(NAMES, given, strict=True)
-    }
+    given = [torch.tensor(v, dtype=torch.float64, device=part.device) for v in given]
     merged = ([3.0], [2 * e + 1], [[3 * e + 1, -e + 2]])
-    return arguments, tuple(torch.tensor(v, dtype=torch.float64) for v in merged)
+    return dict(zip(NAMES, given, strict=True)), tuple(torch.tensor(v, dtype=torch.float64) for v in merged)
 
 
-def _broadcast_states(
-    lead_a: tuple[int, ...], lead_b: tuple[int, ...], *, seed: int, device
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+def _broadcast_states(part: Part, lead_a: tuple[int, ...], lead_b: tuple[int, ...], seed: int) -> tuple:
     """``(arguments, whole)``: the states of 4 queries (leading axes ``lead_b``) over 3 keys (``lead_a``) and
     over 2 keys (``lead_b``), whose leading axes broadcast, and the state of all 5 keys."""
-    query = engine.randn((*lead_b, 4, 2), seed=seed, device=device)  # [..., q_len 4, d_k 2]
-    key_a, value_a = (
-        engine.randn((*lead_a, 3, n), seed=seed + 1 + i, device=device) for i, n in enumerate((2, 5))
-    )
-    key_b, value_b = (
-        engine.randn((*lead_b, 2, n), seed=seed + 3 + i, device=device) for i, n in enumerate((2, 5))
+    query = engine.randn((*lead_b, 4, 2), seed=seed, device=part.device)  # [..., q_len 4, d_k 2]
+    shapes = ((*lead_a, 3, 2), (*lead_a, 3, 5), (*lead_b, 2, 2), (*lead_b, 2, 5))  # [..., k_len, d_k or d_v]
+    key_a, value_a, key_b, value_b = (
+        engine.randn(s, seed=seed + i, device=part.device) for i, s in enumerate(shapes, 1)
     )
     scores_a, scores_b = (query @ key.transpose(-2, -1) / math.sqrt(2) for key in (key_a, key_b))
-    lead = torch.broadcast_shapes(scores_a.shape[:-1], scores_b.shape[:-1])
+    lead = torch.broadcast_tensors(scores_a[..., 0], scores_b[..., 0])[0].shape  # [..., q_len]
     a, b = block_state(scores_a, value_a), block_state(scores_b, value_b)
     both = torch.cat((scores_a.expand(*lead, 3), scores_b.expand(*lead, 2)), dim=-1)
     values = torch.cat((value_a.expand(*lead[:-1], 3, 5), value_b.expand(*lead[:-1], 2, 5)), dim=-2)
@@ -414,30 +384,25 @@ def merge_two_blocks(part: Part) -> Iterator[Check]:
     if part.hidden:
         for case, (sizes, split) in enumerate(HIDDEN_STATE_CASES):  # float64 and float32 by turns
             dtype = (torch.float64, torch.float32)[case % 2]
-            arguments, _ = _states(sizes, split, seed=300 + 10 * case, device=part.device, dtype=dtype)
-            yield _merge_check(part, arguments)
-        sizes, split = HIDDEN_STATE_CASES[1]
-        arguments, _ = _states(sizes, split, seed=340, device=part.device, shift=-3000.0)
-        yield _merge_check(part, arguments, label=" whose scores are all far below 0")
-        arguments, _ = _broadcast_states((3,), (2, 1), seed=350, device=part.device)
-        yield _merge_check(part, arguments, label=" whose leading axes broadcast")
-        return
-    yield _merge_check(part, *_by_hand(part.device), label=" worked out by hand")
-    for case, (sizes, split) in enumerate(STATE_CASES):
-        arguments, whole = _states(sizes, split, seed=200 + 10 * case, device=part.device)
-        yield _merge_check(part, arguments, whole)
-        if case == 0:  # the larger max in either state
-            swapped = {
-                f"{n}_{side}": arguments[f"{n}_{other}"] for n in STATE for side, other in ("ab", "ba")
-            }
-            yield _merge_check(part, swapped, whole, label=" with the states swapped")
+            yield _merge_check(part, *_states(part, sizes, split, 300 + 10 * case, dtype))
+        far, broadcast = (*HIDDEN_STATE_CASES[1], 340, -3000.0), ((3,), (2, 1), 350)
+    else:
+        yield _merge_check(part, *_by_hand(part), label=" worked out by hand")
+        for case, (sizes, split) in enumerate(STATE_CASES):
+            arguments, whole = _states(part, sizes, split, 200 + 10 * case)
+            yield _merge_check(part, arguments, whole)
+            if case == 0:  # the larger max in either state
+                swapped = {
+                    f"{n}_{side}": arguments[f"{n}_{other}"] for n in STATE for side, other in ("ab", "ba")
+                }
+                yield _merge_check(part, swapped, whole, label=" with the states swapped")
+        far, broadcast = (*STATE_CASES[0], 240, -2000.0), ((2, 3), (3,), 245)
     # every score far below 0: exp() relative to 0 instead of the max underflows to 0 in float64
-    sizes, split = STATE_CASES[0]
-    arguments, whole = _states(sizes, split, seed=240, device=part.device, shift=-2000.0)
+    sizes, split, seed, shift = far
+    arguments, whole = _states(part, sizes, split, seed, shift=shift)
     yield _merge_check(part, arguments, whole, label=" whose scores are all far below 0")
     # leading axes that broadcast: [2, 3, q_len] with [3, q_len]
-    arguments, whole = _broadcast_states((2, 3), (3,), seed=245, device=part.device)
-    yield _merge_check(part, arguments, whole, label=" whose leading axes broadcast")
+    yield _merge_check(part, *_broadcast_states(part, *broadcast), label=" whose leading axes broadcast")
 
 
 @behaviour(function="online_softmax_merge", points=1, hints=HINTS)
@@ -449,21 +414,16 @@ def merge_empty_states(part: Part) -> Iterator[Check]:
     dtypes = dtypes if not part.hidden else (torch.float32, torch.bfloat16, torch.float16)
     for case, (sizes, split) in enumerate(cases):
         seed, dtype = (400 if part.hidden else 250) + 10 * case, dtypes[case]
-        arguments, whole = _states(
-            sizes, split, seed=seed, device=part.device, dtype=dtype, mask_kind="empty rows"
-        )
-        yield _merge_check(part, arguments, None if part.hidden else whole, label=" with masked keys")
-        empty = {
-            "max_b": torch.full_like(arguments["max_a"], -math.inf),
-            "sum_b": torch.zeros_like(arguments["sum_a"]),
-            "out_b": torch.zeros_like(arguments["out_a"]),
-        }
+        arguments, whole = _states(part, sizes, split, seed, dtype, kind="empty rows")
+        yield _merge_check(part, arguments, whole, label=" with masked keys")
+        empty = {f"{n}_b": torch.zeros_like(arguments[f"{n}_a"]) for n in STATE}  # (-inf, 0, 0)
+        empty["max_b"].fill_(-math.inf)
         if case == 0:
-            expected = None if part.hidden else tuple(arguments[f"{n}_a"].double() for n in STATE)
+            expected = tuple(arguments[f"{n}_a"].double() for n in STATE)
             yield _merge_check(part, {**arguments, **empty}, expected, label=" with an empty second state")
-        if case >= 1:
+        else:
             both = {**{n.replace("_b", "_a"): v for n, v in empty.items()}, **empty}
-            nothing = None if part.hidden else tuple(v.double() for v in empty.values())
+            nothing = tuple(v.double() for v in empty.values())
             yield _merge_check(part, both, nothing, label=" of two empty states")
 
 
@@ -476,10 +436,9 @@ def merge_dtype_and_inputs(part: Part) -> Iterator[Check]:
     cases = STATE_CASES if not part.hidden else HIDDEN_STATE_CASES
     for index, dtype in enumerate(dtypes):
         sizes, split = cases[index % len(cases)]
-        seed = (500 if part.hidden else 270) + 10 * index
-        shift = -3.0 if dtype == torch.float64 else 0.0  # maxima below 0 too
-        arguments, _ = _states(sizes, split, seed=seed, device=part.device, dtype=dtype, shift=shift)
-        yield _merge_check(part, arguments, None if part.hidden else merge(arguments), formats=True)
+        seed, shift = (500 if part.hidden else 270) + 10 * index, -3.0 if dtype == torch.float64 else 0.0
+        arguments, _ = _states(part, sizes, split, seed, dtype, shift=shift)  # float64: maxima below 0 too
+        yield _merge_check(part, arguments, formats=True)
 
 
 # ==================================================================================================
@@ -551,45 +510,29 @@ def _tiled_rows(arguments: dict[str, Any]) -> Iterator[Mistake]:
     yield from family.mistakes(arguments, "output")
 
 
-def _output(result: Any, call: Call) -> Any:
-    if isinstance(result, tuple | list):
-        fail(f"{call} returned a {type_name(result)}, expected the output tensor.", TEXT["tuple"])
-    return result
-
-
 def _tiled_check(
-    part: Part,
-    arguments: dict[str, Any],
-    sizes: Sizes,
-    answer: family.Answer,
-    *,
-    formats: bool = False,
-    extra: Callable[[torch.Tensor, Call], None] | None = None,
-    note: str = "",
+    part: Part, sizes: Sizes, arguments: dict, answer: family.Answer, *, formats=False, extra=None, note=""
 ) -> Check:
     """One call of tiled_attention: the output's shape (and dtype and device, inputs unchanged, with
-    ``formats``), ``extra(output, call)``, then its values against ``answer(arguments)``'s output."""
-    call = part.call(**arguments)
-    dtype, device = arguments["query"].dtype, arguments["query"].device
+    ``formats``), ``extra(output, call)``, then its values against ``answer(arguments)``'s output (``note``:
+    the right answer in words)."""
+    call, query = part.call(**arguments), arguments["query"]
+    shape, form = (*sizes.lead, sizes.q_len, sizes.d_v), _former(formats, query)
     hints = engine.shapes(TEXT, "output", sizes.lead, q_len=sizes.q_len, k_len=sizes.k_len, d_k=sizes.d_k)
+    ones = 1 in (*sizes.lead, sizes.q_len, sizes.k_len)
 
-    def judge(result: Any) -> None:
-        output, where = _output(result, call), f"the output of {call}"
-        shape = (*sizes.lead, sizes.q_len, sizes.d_v)
-        ones = 1 in (*sizes.lead, sizes.q_len, sizes.k_len)
+    def judge(output: Any) -> None:
+        if isinstance(output, tuple | list):
+            fail(f"{call} returned a {type_name(output)}, expected the output tensor.", TEXT["tuple"])
+        where, squeezed = f"the output of {call}", dict(hints)
         if ones and isinstance(output, torch.Tensor) and tuple(output.shape) not in (shape, *hints):
-            hints[tuple(output.shape)] = TEXT["squeezed"]
-        if formats:
-            assert_format(output, where, shape, dtype, device, hints)
-        else:
-            assert_shape(output, where, shape, hints)
+            squeezed[tuple(output.shape)] = TEXT["squeezed"]
+        form(output, where, shape, hints=squeezed)
         if extra is not None:
             extra(output, call)
         expected, errors = answer(arguments)
-        rows = lambda: _tiled_rows(arguments)  # noqa: E731
-        _values(
-            output, expected[0], where, dtype=dtype, rows=rows, naive_error=errors[0], hints=hints, note=note
-        )
+        options = dict(naive_error=errors[0], hints=squeezed, note=note)
+        _values(output, expected[0], where, dtype=query.dtype, rows=lambda: _tiled_rows(arguments), **options)
 
     return Check(call, judge, untouched=formats)
 
@@ -614,23 +557,38 @@ def _rule(output: torch.Tensor, call: Call) -> None:
         fail(f"the output of {call} is not 0 {where} (largest {rows.abs().max():.4g}). {TEXT['rule']}", cause)
 
 
-def _inputs(sizes: Sizes, block_size: int, *, seed: int, device, dtype=torch.float64, mask=None) -> dict:
-    return {
-        **family.qkv(sizes, seed=seed, device=device, dtype=dtype),
-        "block_size": block_size,
-        "mask": mask,
-    }
+def _inputs(part: Part, sizes: Sizes, block_size: int, seed: int, dtype=torch.float64, **mask: Any) -> dict:
+    """Query, key and value of ``sizes`` (the family's :func:`~attention_family.qkv`), ``block_size``, and
+    the ``mask`` where one is given (None included)."""
+    return {**family.qkv(sizes, seed=seed, device=part.device, dtype=dtype), "block_size": block_size, **mask}
 
 
 def _steep(part: Part) -> tuple[Sizes, dict[str, Any]]:
     """Keys whose middle block has scores a thousand times larger: exp() overflows float64 unless the max is
     updated at every block, and the state shifted by the new max, never by a block's own."""
     sizes = Sizes((2,), 4, 20, 8, 3)
-    arguments = _inputs(sizes, 8, seed=40, device=part.device)
-    arguments["key"] = arguments["key"] * torch.cat(
-        (torch.ones(8), torch.full((8,), 1000.0), torch.ones(4))
-    ).to(part.device, torch.float64).view(-1, 1)  # [k_len, 1]: keys 8..15 scaled
-    del arguments["mask"]
+    arguments = _inputs(part, sizes, 8, 40)
+    scale = torch.cat((torch.ones(8), torch.full((8,), 1000.0), torch.ones(4)))  # keys 8..15 scaled
+    arguments["key"] = arguments["key"] * scale.to(part.device, torch.float64).view(-1, 1)  # [k_len, 1]
+    return sizes, arguments
+
+
+def _far_below(part: Part, sizes: Sizes, offset: float, seed: int, dtype: torch.dtype) -> tuple[Sizes, dict]:
+    """Inputs whose scores are all about ``offset``, far below 0: ``key[..., 0] = 1`` and ``query[..., 0] =
+    offset * sqrt(d_k)``, the other axes random (so the softmax is not uniform); blocks of 4, no mask."""
+    arguments = _inputs(part, sizes, 4, seed)
+    arguments["key"][..., 0] = 1.0
+    arguments["query"][..., 0] = offset * math.sqrt(sizes.d_k)
+    return sizes, family.cast(arguments, dtype)
+
+
+def _padded(part: Part) -> tuple[Sizes, dict[str, Any]]:
+    """Two sequences padded to 11 keys (lengths 11 and 6), whose padding keys are a thousand times larger."""
+    sizes = Sizes((2, 3), 5, 11, 4, 6)
+    mask = (torch.arange(11) < torch.tensor([11, 6])[:, None])[:, None, None, :]  # [batch, 1, 1, k_len]
+    arguments = _inputs(part, sizes, 3, 50, mask=mask.to(part.device))
+    garbage = torch.where(mask[:, :, 0, :, None], 1.0, 1000.0).to(part.device, torch.float64)  # [2, 1, 11, 1]
+    arguments["key"] = arguments["key"] * garbage
     return sizes, arguments
 
 
@@ -642,31 +600,19 @@ HIDDEN_LENGTH_1 = ((Sizes((), 1, 1, 2, 3), 1), (Sizes((2, 1), 1, 6, 3, 2), 4), (
 HIDDEN_BLOCKS = (2, 4, 16)  # by HIDDEN_SIZES index: k_len 7, 9 and 3
 
 
-def _far_below(sizes: Sizes, block_size: int, offset: float, *, seed: int, device, dtype) -> dict[str, Any]:
-    """Inputs whose scores are all about ``offset``, far below 0: ``key[..., 0] = 1`` and ``query[..., 0] =
-    offset * sqrt(d_k)``, the other axes random (so the softmax is not uniform); no mask."""
-    arguments = _inputs(sizes, block_size, seed=seed, device=device)
-    del arguments["mask"]
-    arguments["key"][..., 0] = 1.0
-    arguments["query"][..., 0] = offset * math.sqrt(sizes.d_k)
-    return family.cast(arguments, dtype)
-
-
 def _errors(part: Part) -> Iterator[Check]:
     """The documented ValueErrors: block_size below 1; query and key of different d_k; key and value of
     different k_len (a longer value too, which slicing by blocks of keys would ignore)."""
     sizes = Sizes((2,), 3, 5, 4, 6)
     for block_size in (-1, 0, -7) if part.hidden else (0, -2):
-        arguments = _inputs(sizes, block_size, seed=130, device=part.device)
-        del arguments["mask"]
-        yield engine.raises(part.call(**arguments), "ValueError", "if block_size < 1", TEXT["block size"])
+        call = part.call(**_inputs(part, sizes, block_size, 130))
+        yield engine.raises(call, "ValueError", "if block_size < 1", TEXT["block size"])
     # (the key's shape, the value's shape): [2, k_len, d_k] and [2, k_len, d_v], the query [2, 3, 4]
     shapes = [((2, 5, 3), (2, 5, 6)), ((2, 5, 4), (2, 7, 6))]
     if part.hidden:
         shapes = [((2, 5, 5), (2, 5, 6)), ((2, 5, 4), (2, 4, 6)), ((2, 6, 4), (2, 9, 6))]
     for index, (key, value) in enumerate(shapes):
-        arguments = _inputs(sizes, 2, seed=133, device=part.device)
-        del arguments["mask"]
+        arguments = _inputs(part, sizes, 2, 133)
         arguments["key"] = engine.randn(key, seed=135 + index, device=part.device)
         arguments["value"] = engine.randn(value, seed=137 + index, device=part.device)
         condition = "when query and key differ in d_k, or key and value in k_len"
@@ -679,18 +625,12 @@ def _hidden(
     """The reference's answers on every family.HIDDEN_SIZES and its block sizes, in ``dtypes`` by turns, with
     masks of the family's ``kind`` (none if empty)."""
     for case, (sizes, block_size) in enumerate(zip(family.HIDDEN_SIZES, HIDDEN_BLOCKS, strict=True)):
-        sizes, dtype = (
-            Sizes(sizes.lead, sizes.q_len, sizes.k_len, sizes.d_k, sizes.d_v),
-            dtypes[case % len(dtypes)],
-        )
         at = seed + 10 * case + block_size
-        arguments = _inputs(sizes, block_size, seed=at, device=part.device, dtype=dtype)
+        arguments = _inputs(part, sizes, block_size, at, dtypes[case % len(dtypes)])
         if kind:
             shape = family.mask_shape(sizes)
             arguments["mask"] = family.mask(shape, seed=at + 5, device=part.device, kind=kind)
-        else:
-            del arguments["mask"]
-        yield _tiled_check(part, arguments, sizes, family.reference(part), **options)
+        yield _tiled_check(part, sizes, arguments, family.reference(part), **options)
 
 
 @behaviour(function="tiled_attention", points=2, hints=HINTS)
@@ -700,38 +640,24 @@ def tiled_matches_sdpa(part: Part) -> Iterator[Check]:
     block are a thousand times larger than the others'."""
     # then: scores all far below 0 (a max that starts at 0 makes every exp() underflow), and the errors
     if part.hidden:
+        answer, lengths, seed = family.reference(part), HIDDEN_LENGTH_1, 640
         yield from _hidden(part, (torch.float64, torch.float32), seed=600)
-        for index, (sizes, block_size) in enumerate(HIDDEN_LENGTH_1):
-            arguments = _inputs(sizes, block_size, seed=640 + 3 * index, device=part.device)
-            del arguments["mask"]
-            yield _tiled_check(part, arguments, sizes, family.reference(part))
-        for index, (offset, dtype) in enumerate(((-5000.0, torch.float64), (-300.0, torch.float32))):
-            sizes = Sizes((2, 2), 3, 9, 3, 2)
-            arguments = _far_below(sizes, 4, offset, seed=660 + 3 * index, device=part.device, dtype=dtype)
-            yield _tiled_check(part, arguments, sizes, family.reference(part))
-        yield from _errors(part)
-        return
-    for index, (sizes, block_size) in enumerate(BLOCKS + LENGTH_1):
-        arguments = _inputs(sizes, block_size, seed=20 + 3 * index, device=part.device)
-        del arguments["mask"]
-        yield _tiled_check(part, arguments, sizes, family.builtin())
-    sizes, arguments = _steep(part)
-    yield _tiled_check(part, arguments, sizes, family.builtin())
-    sizes = Sizes((2,), 3, 10, 4, 5)
-    arguments = _far_below(sizes, 4, -2000.0, seed=45, device=part.device, dtype=torch.float64)
-    yield _tiled_check(part, arguments, sizes, family.builtin())
+    else:
+        answer, lengths, seed = family.builtin(), BLOCKS + LENGTH_1, 20
+    for index, (sizes, block_size) in enumerate(lengths):
+        yield _tiled_check(part, sizes, _inputs(part, sizes, block_size, seed + 3 * index), answer)
+    if not part.hidden:
+        yield _tiled_check(part, *_steep(part), answer)
+    # (sizes, offset, seed, dtype)
+    far = [(Sizes((2,), 3, 10, 4, 5), -2000.0, 45, torch.float64)]
+    if part.hidden:
+        far = [
+            (Sizes((2, 2), 3, 9, 3, 2), -5000.0, 660, torch.float64),
+            (Sizes((2, 2), 3, 9, 3, 2), -300.0, 663, torch.float32),
+        ]
+    for case in far:
+        yield _tiled_check(part, *_far_below(part, *case), answer)
     yield from _errors(part)
-
-
-def _padded(part: Part) -> tuple[Sizes, dict[str, Any]]:
-    """Two sequences padded to 11 keys (lengths 11 and 6), whose padding keys are a thousand times larger."""
-    sizes = Sizes((2, 3), 5, 11, 4, 6)
-    lengths = torch.tensor([11, 6])
-    mask = (torch.arange(11) < lengths[:, None])[:, None, None, :]  # [batch, 1, 1, k_len]
-    arguments = _inputs(sizes, 3, seed=50, device=part.device, mask=mask.to(part.device))
-    garbage = torch.where(mask[:, :, 0, :, None], 1.0, 1000.0).to(part.device, torch.float64)  # [2, 1, 11, 1]
-    arguments["key"] = arguments["key"] * garbage
-    return sizes, arguments
 
 
 @behaviour(function="tiled_attention", points=2, hints=HINTS)
@@ -741,36 +667,26 @@ def tiled_masks(part: Part) -> Iterator[Check]:
     # then masks that are not boolean: TypeError
     if part.hidden:
         yield from _hidden(part, (torch.float64, torch.float32), seed=700, kind="mixed")
-        yield from _mask_type_errors(part)
-        return
-    cases = [  # (sizes, block_size, mask shape): [batch, heads, q, k], [q, k], [k]; 1 leading axis below
-        (Sizes((2, 3), 5, 7, 4, 6), 3, (2, 3, 5, 7)),
-        (Sizes((), 4, 3, 2, 5), 2, (4, 3)),
-        (Sizes((2, 3), 5, 7, 4, 6), 2, (7,)),
-    ]
-    for index, (sizes, block_size, shape) in enumerate(cases):
-        mask = family.mask(shape, seed=61 + index, device=part.device, kind="mixed")
-        arguments = _inputs(sizes, block_size, seed=60 + 3 * index, device=part.device, mask=mask)
-        answer = family.builtin() if len(shape) > 1 else family.plain()  # SDPA takes masks of 2 axes or more
-        yield _tiled_check(part, arguments, sizes, answer)
-    causal = torch.ones(6, 9, dtype=torch.bool).tril(3).to(part.device)  # bottom-right, [q_len, k_len]
-    sizes = Sizes((3,), 6, 9, 8, 5)
-    yield _tiled_check(
-        part, _inputs(sizes, 4, seed=70, device=part.device, mask=causal), sizes, family.builtin()
-    )
-    sizes, arguments = _padded(part)
-    yield _tiled_check(part, arguments, sizes, family.builtin())
-    yield from _mask_type_errors(part)
-
-
-def _mask_type_errors(part: Part) -> Iterator[Check]:
-    """A mask of 0/1 integers or floats raises TypeError: it is not boolean."""
-    sizes = Sizes((2,), 3, 5, 4, 6)
-    allowed = family.mask((3, 5), seed=140, device=part.device, kind="mixed")
-    dtypes = (torch.uint8, torch.float64, torch.int32) if part.hidden else (torch.int64, torch.float32)
-    for dtype in dtypes:
-        arguments = _inputs(sizes, 2, seed=141, device=part.device, mask=allowed.to(dtype))
-        yield engine.raises(part.call(**arguments), "TypeError", "if mask is not boolean", TEXT["mask type"])
+    else:
+        cases = [  # (sizes, block_size, mask shape): [batch, heads, q, k], [q, k], [k]; 1 leading axis below
+            (Sizes((2, 3), 5, 7, 4, 6), 3, (2, 3, 5, 7)),
+            (Sizes((), 4, 3, 2, 5), 2, (4, 3)),
+            (Sizes((2, 3), 5, 7, 4, 6), 2, (7,)),
+        ]
+        for index, (sizes, block_size, shape) in enumerate(cases):
+            mask = family.mask(shape, seed=61 + index, device=part.device, kind="mixed")
+            arguments = _inputs(part, sizes, block_size, 60 + 3 * index, mask=mask)
+            # SDPA takes masks of 2 axes or more
+            yield _tiled_check(part, sizes, arguments, family.builtin() if len(shape) > 1 else family.plain())
+        causal = torch.ones(6, 9, dtype=torch.bool).tril(3).to(part.device)  # bottom-right, [q_len, k_len]
+        sizes = Sizes((3,), 6, 9, 8, 5)
+        yield _tiled_check(part, sizes, _inputs(part, sizes, 4, 70, mask=causal), family.builtin())
+        yield _tiled_check(part, *_padded(part), family.builtin())
+    # a mask of 0/1 integers or floats raises TypeError: it is not boolean
+    sizes, allowed = Sizes((2,), 3, 5, 4, 6), family.mask((3, 5), seed=140, device=part.device, kind="mixed")
+    for dtype in (torch.uint8, torch.float64, torch.int32) if part.hidden else (torch.int64, torch.float32):
+        call = part.call(**_inputs(part, sizes, 2, 141, mask=allowed.to(dtype)))
+        yield engine.raises(call, "TypeError", "if mask is not boolean", TEXT["mask type"])
 
 
 @behaviour(function="tiled_attention", points=1, hints=HINTS)
@@ -783,29 +699,23 @@ def tiled_empty_rows(part: Part) -> Iterator[Check]:
         yield from _hidden(part, dtypes, seed=800, kind="empty rows", extra=_rule)
         sizes = Sizes((3, 2), 4, 10, 3, 2)
         column = torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)[:, None, :, None]
-        arguments = _inputs(
-            sizes, 4, seed=840, device=part.device, dtype=torch.float32, mask=column.to(part.device)
-        )
-        yield _tiled_check(part, arguments, sizes, family.reference(part), extra=_rule)
+        arguments = _inputs(part, sizes, 4, 840, torch.float32, mask=column.to(part.device))
+        yield _tiled_check(part, sizes, arguments, family.reference(part), extra=_rule)
         return
-    note = TEXT["rule"]
     # left padding: sequence 0 has 5 padding keys, so its first blocks are closed to every query
     sizes = Sizes((2, 3), 5, 7, 4, 6)
     tokens = torch.tensor([[0, 0, 0, 0, 0, 6, 7], [1, 2, 3, 4, 5, 6, 7]])
     causal = torch.ones(5, 7, dtype=torch.bool).tril(2)
     left = ((tokens != 0)[:, None, None, :] & causal).to(part.device)  # [batch, 1, q_len, k_len]
-    cases = [
-        (sizes, 2, left, dtype) for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-    ]
+    cases = [(sizes, 2, left, dtype) for dtype in family.DTYPES]
     for index, sizes in enumerate((Sizes((3,), 6, 9, 8, 5), Sizes((), 4, 3, 2, 5))):  # and random empty rows
         mask = family.mask(family.mask_shape(sizes), seed=91 + index, device=part.device, kind="empty rows")
         cases.append((sizes, 3 + index, mask, torch.float64))
-    column = torch.tensor([[1, 0, 1, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
-    column = column[:, None, :, None]  # [2, 1, 5, 1]: a key column per query
-    cases.append((Sizes((2, 3), 5, 7, 4, 6), 3, column.to(part.device), torch.float64))
+    column = torch.tensor([[1, 0, 1, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)  # a key column per query
+    cases.append((Sizes((2, 3), 5, 7, 4, 6), 3, column[:, None, :, None].to(part.device), torch.float64))
     for index, (sizes, block_size, mask, dtype) in enumerate(cases):
-        arguments = _inputs(sizes, block_size, seed=90 + index, device=part.device, dtype=dtype, mask=mask)
-        yield _tiled_check(part, arguments, sizes, family.plain(), extra=_rule, note=note)
+        arguments = _inputs(part, sizes, block_size, 90 + index, dtype, mask=mask)
+        yield _tiled_check(part, sizes, arguments, family.plain(), extra=_rule, note=TEXT["rule"])
 
 
 @behaviour(function="tiled_attention", points=1, hints=HINTS)
@@ -822,11 +732,9 @@ def tiled_dtype_and_inputs(part: Part) -> Iterator[Check]:
         (torch.float64, Sizes((2,), 3, 5, 4, 6), 2, (2, 3, 5)),
     )
     for index, (dtype, sizes, block_size, shape) in enumerate(cases):
-        mask = (
-            None if shape is None else family.mask(shape, seed=101 + index, device=part.device, kind="mixed")
-        )
-        arguments = _inputs(sizes, block_size, seed=100 + index, device=part.device, dtype=dtype, mask=mask)
-        yield _tiled_check(part, arguments, sizes, family.plain(), formats=True)
+        mask = shape and family.mask(shape, seed=101 + index, device=part.device, kind="mixed")
+        arguments = _inputs(part, sizes, block_size, 100 + index, dtype, mask=mask)
+        yield _tiled_check(part, sizes, arguments, family.plain(), formats=True)
 
 
 # --- memory: the learner's call inside an AllocationTracker, in the learner's process
@@ -852,14 +760,11 @@ def memory_bound(sizes: Sizes, block_size: int) -> int:
     return 2 * max(block, inputs, lead * sizes.q_len * sizes.d_v)
 
 
-def _memory_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer: family.Answer) -> Check:
-    call = part.call(**arguments)
-    bound, full = (
-        memory_bound(sizes, arguments["block_size"]),
-        math.prod((*sizes.lead, sizes.q_len, sizes.k_len)),
-    )
-    values = _tiled_check(part, arguments, sizes, answer).judge
-    block = list((*sizes.lead, sizes.q_len, arguments["block_size"]))
+def _memory_check(part: Part, sizes: Sizes, arguments: dict[str, Any], answer: family.Answer) -> Check:
+    """The values (:func:`_tiled_check`, which must pass first), then the largest floating-point tensor."""
+    call, block_size = part.call(**arguments), arguments["block_size"]
+    bound, full = memory_bound(sizes, block_size), math.prod((*sizes.lead, sizes.q_len, sizes.k_len))
+    values, block = _tiled_check(part, sizes, arguments, answer).judge, [*sizes.lead, sizes.q_len, block_size]
 
     def judge(result: Any) -> None:
         if not isinstance(result, tuple) or len(result) != 2:  # the driver's pair: never the learner's
@@ -882,27 +787,10 @@ def _memory_check(part: Part, arguments: dict[str, Any], sizes: Sizes, answer: f
     return Check(call, judge)
 
 
-# (sizes, block_size, mask): q_len * k_len is 2.8 and 2.7 times the bound; k_len not a multiple of block_size.
+# (sizes, block_size, seed): q_len * k_len is 2.8 and 2.7 times the bound; k_len not a multiple of block_size.
 # Each call is observed and tracked operator by operator, which costs: one call per part
-MEMORY_CASE = (Sizes((2, 3), 48, 180, 4, 6), 32, "causal")
-HIDDEN_MEMORY_CASE = (Sizes((2, 3), 40, 170, 2, 5), 32, "padding")
-
-
-def _memory_mask(sizes: Sizes, kind: str | None, seed: int, device) -> torch.Tensor | None:
-    """None, a padding mask ``[batch, 1, ..., k_len]`` (every sequence with some keys), or a causal mask
-    ``[q_len, k_len]``."""
-    if kind is None:
-        return None
-    if kind == "causal":
-        return (
-            torch.ones(sizes.q_len, sizes.k_len, dtype=torch.bool).tril(sizes.k_len - sizes.q_len).to(device)
-        )
-    batch = sizes.lead[0] if sizes.lead else 1
-    lengths = torch.randint(sizes.k_len // 2, sizes.k_len + 1, (batch,), generator=seeded_generator(seed))
-    mask = torch.arange(sizes.k_len) < lengths[:, None]  # [batch, k_len]
-    return mask.view(*([batch] if sizes.lead else []), *([1] * len(sizes.lead[1:])), 1, sizes.k_len).to(
-        device
-    )
+MEMORY_CASE = (Sizes((2, 3), 48, 180, 4, 6), 32, 110)  # a causal mask
+HIDDEN_MEMORY_CASE = (Sizes((2, 3), 40, 170, 2, 5), 32, 1000)  # a padding mask
 
 
 @behaviour(function="tiled_attention", points=2, hints=HINTS, driver=MEASURED)
@@ -910,14 +798,17 @@ def tiled_memory(part: Part) -> Iterator[Check]:
     """tiled_attention is correct, calls no built-in attention, and never creates a floating-point tensor of
     more than twice the largest of one block of scores [..., q_len, block_size], the inputs and the output:
     the full score matrix [..., q_len, k_len] is at least 2.6 times larger here."""
-    sizes, block_size, kind = HIDDEN_MEMORY_CASE if part.hidden else MEMORY_CASE
-    answer = family.reference(part) if part.hidden else family.builtin()
-    seed = 1000 if part.hidden else 110
-    mask = _memory_mask(sizes, kind, seed, part.device)
-    arguments = _inputs(sizes, block_size, seed=seed, device=part.device, dtype=torch.float32, mask=mask)
-    if not part.hidden:  # the rule, on a small call with a mask (the value cells' hidden parts need it not)
-        small = Sizes((2, 3), 5, 7, 4, 6)
-        mask = family.mask((2, 1, 5, 7), seed=130, device=part.device, kind="mixed")
-        call = part.call(**_inputs(small, 3, seed=131, device=part.device, mask=mask))
+    sizes, block_size, seed = HIDDEN_MEMORY_CASE if part.hidden else MEMORY_CASE
+    if part.hidden:  # padding, [batch, 1, 1, k_len]: every sequence keeps at least half of its keys
+        generator, answer = seeded_generator(seed), family.reference(part)
+        lengths = torch.randint(sizes.k_len // 2, sizes.k_len + 1, sizes.lead[:1], generator=generator)
+        mask = (torch.arange(sizes.k_len) < lengths[:, None])[:, None, None, :]
+    else:  # causal, aligned bottom-right, [q_len, k_len]
+        mask = torch.ones(sizes.q_len, sizes.k_len, dtype=torch.bool).tril(sizes.k_len - sizes.q_len)
+        answer = family.builtin()
+        # the rule, on a small call with a mask (the value cells' hidden parts need it not)
+        small = family.mask((2, 1, 5, 7), seed=130, device=part.device, kind="mixed")
+        call = part.call(**_inputs(part, Sizes((2, 3), 5, 7, 4, 6), 3, 131, mask=small))
         yield family.from_scratch("tiled attention").check([call])
-    yield _memory_check(part, arguments, sizes, answer)
+    arguments = _inputs(part, sizes, block_size, seed, torch.float32, mask=mask.to(part.device))
+    yield _memory_check(part, sizes, arguments, answer)
