@@ -31,6 +31,17 @@ def test_a_value_off_in_its_ninth_digit_is_shown_with_the_digits_that_differ():
     assert "off by 3e-07" in message
 
 
+def test_where_the_answer_is_infinite_or_nan_the_same_is_expected():
+    inf = float("inf")
+    expected = torch.tensor([-inf, 0.5, inf, float("nan")], dtype=torch.float64)
+    engine.assert_values(expected.clone(), expected, "the running maximum")  # inf = inf, NaN = NaN
+    for index, wrong in ((0, 0.0), (0, inf), (2, -inf), (0, float("nan")), (3, 1.0)):
+        actual = expected.clone()
+        actual[index] = wrong
+        message = str(failure(actual, expected))
+        assert f"at index [{index}] where the right answer is {expected[index].item()}" in message, message
+
+
 def test_a_float64_result_computed_in_float32_gets_the_precision_hint():
     scores = torch.randn(4, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
     expected = torch.softmax(scores, -1)

@@ -923,6 +923,17 @@ def assert_values(
             or "exp() overflowed (subtract the maximum before exponentiating), or a 0/0 from a row whose "
             "elements all became -inf or underflowed to 0",
         )
+    # where the right answer is inf or NaN (a running maximum of no scores, say), the same is expected
+    special = ~finite & ~((a == e) | (torch.isnan(a) & torch.isnan(e)))
+    if special.any():
+        index = tuple(torch.nonzero(special)[0].tolist())
+        fail(
+            f"{where} is {a[index].item()} at index {list(index)} where the right answer is "
+            f"{e[index].item()} ({int(special.sum())} of {special.numel()} elements differ there).",
+            cause(mistakes()) if mistakes else "",
+            expected=f"{e[index].item()} at {list(index)}",
+            got=str(a[index].item()),
+        )
     rtol, atol = tolerance(dtype, naive_error)
     mismatch = ~((a - e).abs() <= atol + rtol * e.abs()) & finite
     if mismatch.any():
