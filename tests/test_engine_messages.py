@@ -42,6 +42,23 @@ def test_where_the_answer_is_infinite_or_nan_the_same_is_expected():
         assert f"at index [{index}] where the right answer is {expected[index].item()}" in message, message
 
 
+def test_a_function_that_calls_the_checks_own_computation_earns_no_value_points():
+    from attention_course.checks import attention_family, ex02
+
+    def softmax(x, dim=-1):  # the right values, computed by the checks' own code
+        return attention_family.masked_softmax(x, None, dim)
+
+    leaked = re.escape("calls the course's own attention_course.checks.attention_family.masked_softmax")
+    with pytest.raises(CheckFailure, match=leaked):
+        ex02.softmax_matches_torch(softmax)
+
+    def written(x, dim=-1):  # the same values, written here
+        shifted = (x - x.amax(dim, keepdim=True)).exp()
+        return shifted / shifted.sum(dim, keepdim=True)
+
+    ex02.softmax_matches_torch(written)
+
+
 def test_a_float64_result_computed_in_float32_gets_the_precision_hint():
     scores = torch.randn(4, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
     expected = torch.softmax(scores, -1)

@@ -276,6 +276,24 @@ def seed_generators(seed: int) -> None:
         torch.default_generator.manual_seed(seed)
 
 
+def _called_by_learner(frame: types.FrameType, owner: dict[str, Any] | None) -> bool:
+    """Whether ``frame``, of a checks module, is one of its module-level functions called straight from the
+    learner's code (``attention_course.checks.ex05.forward(...)``): not a method of an object the checks hand
+    the learner (a model's ``forward``), nor the checks' own frames around the learner's call."""
+    caller, name = frame.f_back, frame.f_code.co_qualname
+    return caller is not None and caller.f_globals is owner and "." not in name and not name.startswith("<")
+
+
+def _is_checks_code(namespace: dict[str, Any]) -> bool:
+    """Whether ``namespace`` is the globals of one of the course's checks modules (the engine, the families,
+    each exercise's): the module of its name must hold that very dict, so that code run with a forged
+    ``__name__`` is not taken for theirs."""
+    name = namespace.get("__name__")
+    if not isinstance(name, str) or not name.startswith("attention_course.checks."):
+        return False
+    return getattr(sys.modules.get(name), "__dict__", None) is namespace
+
+
 def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | None = None) -> Outcome:
     """Call ``fn`` on copies of ``call``'s arguments and note what happened (in the learner's process).
 
@@ -293,9 +311,6 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
     owner = _namespace(fn)
     args, kwargs = call.copies()
     passed = dict(zip(call.arguments, args, strict=True)) if call.positional else kwargs
-    course = (
-        driver.run.__globals__ if driver is not None else None
-    )  # the driver's frames are not the learner's
     seen: dict[tuple[str, str], None] = {}
     listening = [True]  # off before the profiler is restored, so that the engine's own calls are left out
     importing = [0]  # an import runs module code (class bodies, registrations) that is not the learner's
@@ -305,8 +320,10 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
             importing[0] += 1 if event == "call" else -1
         if not listening[0] or importing[0]:
             return
-        if event == "call" and frame.f_globals is not owner and frame.f_globals is not course:
-            seen[(str(frame.f_globals.get("__name__", "")), frame.f_code.co_name)] = None
+        if event == "call" and frame.f_globals is not owner:
+            # the checks' own frames are left out, unless the learner called one: they compute answers too
+            if not _is_checks_code(frame.f_globals) or _called_by_learner(frame, owner):
+                seen[(str(frame.f_globals.get("__name__", "")), frame.f_code.co_name)] = None
         elif event == "c_call":
             module, name = str(getattr(arg, "__module__", "") or ""), str(getattr(arg, "__name__", ""))
             if module.startswith("torch._ops") and not name:  # an overload, torch.ops.aten.softmax.int
@@ -398,13 +415,15 @@ def raised_at(error: BaseException, owner: dict[str, Any] | None) -> str:
 
 
 def is_answer_module(module: str) -> bool:
-    """Whether ``module`` holds answers: the reference solutions, or a library module they re-export."""
+    """Whether ``module`` holds answers: the reference solutions, a library module they re-export, or the
+    checks (whose rows compute the right answers)."""
     return any(module == answer or module.startswith(answer + ".") for answer in _answer_modules())
 
 
 @functools.cache
 def _answer_modules() -> tuple[str, ...]:
-    return registry.answer_modules()  # asked once per observed call: derive it once
+    # asked once per observed call: derive it once; the checks compute right answers too (their rows)
+    return (*registry.answer_modules(), "attention_course.checks")
 
 
 @functools.cache
