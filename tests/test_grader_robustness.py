@@ -34,8 +34,12 @@ from tests.notebook_tools import ROOT, fill_solutions, load_exercise, reference_
 
 pytestmark = pytest.mark.slow
 ASSIGNMENT = "ex02_scaled_dot_product"
+# hangs without spinning: the limit is the same to the grader, and the 30 s are not taken from the tests that
+# run beside this one (tests/banks/hostile.py's loops-forever spins)
 HANGS = (
-    "def dot_product_variance(d_k, n_samples, scaled=False, generator=None):\n    while True:\n        pass"
+    "def dot_product_variance(d_k, n_samples, scaled=False, generator=None):\n"
+    "    while True:\n"
+    "        __import__('time').sleep(1)"
 )
 
 

@@ -11,18 +11,20 @@ blank submissions show it for every assignment).
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from attention_course.grading.batch import grade
-from attention_course.grading.sandbox import Limits
-from attention_course.grading.submission import SubmissionResult
+from attention_course.grading.batch import grade_batch
+from attention_course.grading.sandbox import Limits, Sandbox
+from attention_course.grading.submission import Job, SubmissionResult, grade_submission
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank
 from tests.grading_course import nbgrader, write_config
@@ -178,17 +180,22 @@ def grade_course(assignments: list[str], course: Path) -> dict[str, RoundTrip]:
         }
     feedback = nbgrader("generate_feedback", "*", "--force", cwd=course)
     assert feedback.returncode == 0, feedback.stdout + feedback.stderr
-    round_trips = {}
     for assignment, submitted in cases.items():
         for case in submitted:
             assert (course / "feedback" / case.student / assignment / f"{assignment}.html").is_file()
-        ours = grade(assignment, paths[assignment], root=course, limits=Limits(), jobs=2)
-        round_trips[assignment] = RoundTrip(
-            submitted,
-            by_nbgrader[assignment],
-            {result.student: {cell.grade_id: cell.points for cell in result.cells} for result in ours},
-            {result.student: result for result in ours},
-        )
+    # attention-grade: every assignment of the course in one batch on one sandbox (its fork servers import
+    # torch once for all of them), as `grade` grades one
+    jobs = [
+        Job(a, student, path, course, Limits()) for a in assignments for student, path in paths[a].items()
+    ]
+    with Sandbox(max_slots=2, limits=Limits()) as sandbox, ThreadPoolExecutor(max_workers=2) as executor:
+        sandbox.start(2)
+        ours = grade_batch(jobs, executor, functools.partial(grade_submission, sandbox=sandbox))
+    round_trips = {}
+    for assignment, submitted in cases.items():
+        results = {result.student: result for result in ours if result.assignment == assignment}
+        points = {student: {cell.grade_id: cell.points for cell in r.cells} for student, r in results.items()}
+        round_trips[assignment] = RoundTrip(submitted, by_nbgrader[assignment], points, results)
     return round_trips
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import nbformat
@@ -54,29 +54,30 @@ def grade_batch(
     """Grade every job on ``executor`` with ``grade``; results in the order of ``jobs``.
 
     Args:
-        jobs: the submissions, with distinct student names.
+        jobs: the submissions, of one assignment or several (a student may have a job in each).
         executor: where ``grade`` runs (``grade`` and the jobs must be picklable for a process pool or Dask).
         grade: grades one job: :func:`~attention_course.grading.submission.grade_submission`, or a partial.
         retries: how many times a job whose grading fails for the grader's reasons is graded again.
         on_result: called in this thread with each final result as it arrives (a progress bar).
     """
-    pending: dict[Future, tuple[Job, int]] = {executor.submit(grade, job): (job, 0) for job in jobs}
-    results: dict[str, SubmissionResult] = {}
+    # {future: (the job's index, its tries so far)}
+    pending = {executor.submit(grade, job): (index, 0) for index, job in enumerate(jobs)}
+    results: dict[int, SubmissionResult] = {}
     while pending:
         done, _ = wait(pending, return_when=FIRST_COMPLETED)
         for future in done:
-            job, tries = pending.pop(future)
+            index, tries = pending.pop(future)
             try:
                 result = future.result()
             except Exception as error:  # a lost worker or a bug is one submission's verdict
-                result = _grader_error(job, error)
+                result = _grader_error(jobs[index], error)
             if result.status == "grader error" and tries < retries:
-                pending[executor.submit(grade, job)] = (job, tries + 1)
+                pending[executor.submit(grade, jobs[index])] = (index, tries + 1)
                 continue
-            results[job.student] = result
+            results[index] = result
             if on_result is not None:
                 on_result(result)
-    return [results[job.student] for job in jobs]
+    return [results[index] for index in range(len(jobs))]
 
 
 def grade(
