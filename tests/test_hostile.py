@@ -42,7 +42,7 @@ ASSIGNMENT = "ex02_scaled_dot_product"
 EXERCISE = load_exercise(ASSIGNMENT)
 SECRET = "ATTENTION_GRADE_TEST_TOKEN"
 VARIANTS = {candidate.id: candidate.source for candidate in _bank.wrong(EXERCISE.bank)}
-LIMITS = Limits(cell_timeout=15, timeout=200)
+LIMITS = Limits(cell_timeout=10, timeout=200)
 
 
 def _digest(root: Path) -> dict[str, str]:
