@@ -182,7 +182,8 @@ TransformerBlock dropout: block_dropout; 0.5 in train() mode (random, x + dropou
     PyTorch's); its default 0.0 in train() mode (deterministic, as PyTorch's)
 TransformerBlock activation: block_matches_torch; left out (ReLU), 'relu' and 'gelu' (the exact GELU) given
 TransformerBlock raises ValueError: block_matches_torch; an unknown activation ('swish'; 'tanh' hidden) and
-    n_heads that does not divide d_model (hidden: the carried-over MultiHeadAttention raises it)
+    n_heads that does not divide d_model (5 of 12; 3 of 8 hidden), which the carried-over MultiHeadAttention
+    raises
 TransformerBlock sub-modules: block_matches_torch, block_parameters; self_attn, linear1, linear2, norm1,
     norm2 load nn.TransformerEncoderLayer's weights, biases included; every parameter gets a gradient
 TransformerBlock.forward x: block_matches_torch; [batch, len, d_model] float64 and float32, len 4 to 7
@@ -435,7 +436,7 @@ CASES = (
 )
 # documented errors: (sizes, activation) of the visible part, then of the hidden part
 BLOCK_ERRORS = (
-    ((VISIBLE, "swish"),),
+    ((VISIBLE, "swish"), (Sizes(1, 6, 6, 12, 5, d_ff=20), None)),
     ((HIDDEN[1], "tanh"), (Sizes(1, 7, 7, 8, 3, d_ff=12), None)),
 )
 
@@ -514,12 +515,16 @@ def block_matches_torch(part: Part) -> Iterator[Check]:
         call = part.call(
             d_model=sizes.d_model, n_heads=sizes.n_heads, d_ff=sizes.d_ff, norm_first=False, **given, x=x
         )
-        condition = (
-            f"for the unknown activation {activation!r}"
-            if activation is not None
-            else f"when n_heads={sizes.n_heads} does not divide d_model={sizes.d_model}"
-        )
-        yield engine.raises(call, "ValueError", condition)
+        if activation is not None:
+            condition = f"for the unknown activation {activation!r}"
+            hint = "in __init__, raise ValueError for an activation other than 'relu' and 'gelu'"
+        else:
+            condition = f"when n_heads={sizes.n_heads} does not divide d_model={sizes.d_model}"
+            hint = (
+                "build self_attn = MultiHeadAttention(d_model, n_heads) in __init__: exercise 4's class "
+                "raises ValueError there when n_heads does not divide d_model"
+            )
+        yield engine.raises(call, "ValueError", condition, hint)
 
 
 @behaviour(function="TransformerBlock", points=1, hints=HINTS, driver=PARAMETERS)

@@ -637,7 +637,8 @@ def _generate_checks(part: Part, use_cache: bool, cost: bool = False) -> Iterato
             generator = engine.seeded_generator(seed + 98)
             arguments["before"] = torch.randint(0, VOCAB, (batch, 5), generator=generator).to(part.device)
             label = " (after the same model completed another prompt)"
-        key = (part.hidden, id(part.reference), seed, batch, prompt_len, new, str(dtype), str(part.device))
+        # the reference itself, not its id(): an id is used again once its object is gone
+        key = (part.hidden, part.reference, seed, batch, prompt_len, new, str(dtype), str(part.device))
         yield _check(part, _judge_generate, arguments, label, part=part, cost=cost, key=key)
 
 

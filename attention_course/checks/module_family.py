@@ -28,7 +28,17 @@ from torch import nn
 
 from attention_course.checks import attention_family as family
 from attention_course.checks import engine
-from attention_course.checks.engine import Behaviour, Call, Check, Mistake, Part, assert_shape, fail, randn
+from attention_course.checks.engine import (
+    Behaviour,
+    Call,
+    Check,
+    Mistake,
+    Part,
+    assert_shape,
+    dtype_name,
+    fail,
+    randn,
+)
 
 MODULE_TEXT = engine.table("""
 scale d_model: the scores are divided by sqrt(d_model); each head's scale is 1/sqrt(d_head), the width of its
@@ -510,7 +520,10 @@ def layout_check(
     def judge(result: Any) -> None:
         engine.assert_values(result, right, f"the result of {call}", mistakes=wrong, hints=hints)
         if result.dtype != x.dtype:
-            fail(f"the result of {call} {says} {result.dtype} where x is {x.dtype}.", hint)
+            fail(
+                f"the result of {call} {says} {dtype_name(result.dtype)} where x is {dtype_name(x.dtype)}.",
+                hint,
+            )
 
     return Check(call, judge, untouched=True)
 
@@ -528,7 +541,7 @@ def format_check(
 ) -> Check:
     """A float32 call of a module: the shapes of its ``(output, weights)`` (the first two of ``returned``
     values that the driver returns), ``judge(result, call)``, then that both are float32, the input's dtype
-    (``given``: how a message says it, ``"the query is torch.float32"`` by default; ``hint``: the likely
+    (``given``: how a message says it, ``"the query is float32"`` by default; ``hint``: the likely
     cause)."""
     call = part.call(**arguments)
 
@@ -541,8 +554,8 @@ def format_check(
         for which, actual in zip(("output", "weights"), pair, strict=True):
             if actual.dtype != torch.float32:
                 verb = "are" if which == "weights" else "is"
-                where = given or f"the query is {torch.float32}"
-                fail(f"the {which} of {call} {verb} {actual.dtype} where {where}.", hint)
+                where = given or "the query is float32"
+                fail(f"the {which} of {call} {verb} {dtype_name(actual.dtype)} where {where}.", hint)
 
     return Check(call, verdict)
 

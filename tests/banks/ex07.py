@@ -149,6 +149,14 @@ ROWS = [
     ),
     block("unknown_activation_accepted", CHECKED_ACTIVATION, "", {MATCHES: "should raise ValueError"}),
     block(
+        "heads_fall_back_to_one",
+        "        self.self_attn = MultiHeadAttention(d_model, n_heads)\n",
+        "        if d_model % n_heads:  # heads that do not divide d_model: one head instead\n"
+        "            n_heads = 1\n"
+        "        self.self_attn = MultiHeadAttention(d_model, n_heads)\n",
+        {MATCHES: "exercise 4's class raises ValueError there"},
+    ),
+    block(
         "no_norm_after_the_feed_forward",
         "            x = self.norm2(x + self.feed_forward(x))\n",
         "            x = x + self.feed_forward(x)\n",
