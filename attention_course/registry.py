@@ -49,6 +49,12 @@ class Assignment:
             SOURCE_DIRECTORY + "."
         )
 
+    @property
+    def kernel_modules(self) -> tuple[str, ...]:
+        """What ``attention-grade``'s fork servers import before they fork this assignment's kernels: its
+        checks module, which the notebook's first cell imports, and :attr:`preload`."""
+        return (self.checks, *self.preload)
+
     def source(self, root: Path) -> Path:
         """The nbgrader source notebook (solution regions and hidden tests)."""
         return root / SOURCE_DIRECTORY / self.id / f"{self.id}.ipynb"

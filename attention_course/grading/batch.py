@@ -21,6 +21,7 @@ from attention_course.grading.notebooks import score
 from attention_course.grading.options import Mode
 from attention_course.grading.sandbox import DEFAULT_LIMITS, Limits, Sandbox, solutions_folder
 from attention_course.grading.submission import Job, SubmissionResult, assignment_context, grade_submission
+from attention_course.registry import ASSIGNMENTS
 
 
 def _grader_error(job: Job, error: BaseException) -> SubmissionResult:
@@ -94,8 +95,9 @@ def grade(
     mode = Mode(mode)
     batch = [Job(assignment_id, student, path, root, limits, mode) for student, path in submissions.items()]
     solutions = solutions_folder(root) if mode.shows_solutions else None
+    kernel_modules = ASSIGNMENTS[assignment_id].kernel_modules
     with (
-        Sandbox(max_slots=jobs, solutions=solutions, limits=limits) as sandbox,
+        Sandbox(max_slots=jobs, solutions=solutions, limits=limits, preload=kernel_modules) as sandbox,
         ThreadPoolExecutor(max_workers=jobs) as executor,
     ):
         sandbox.start(min(jobs, len(batch)))

@@ -68,18 +68,26 @@ def _worker_isolation() -> str:
 
 @contextlib.contextmanager
 def backend(
-    scheduler: str | None, *, jobs: int, limits: Limits, mode: Mode, root: Path, submissions: int
+    scheduler: str | None,
+    *,
+    jobs: int,
+    limits: Limits,
+    mode: Mode,
+    root: Path,
+    submissions: int,
+    preload: tuple[str, ...] = (),
 ) -> Iterator[Backend]:
     """The backend for ``scheduler`` (``None``, ``local:N`` or a Dask scheduler's address), closed on exit.
 
     ``jobs`` is the number of threads of a local run, ``submissions`` the size of the batch (slots are
-    started for no more than it). Raises ``ValueError`` for a malformed ``local:N``, and what
+    started for no more than it), ``preload`` what a local run's fork servers import as they start (the
+    assignments' ``kernel_modules``). Raises ``ValueError`` for a malformed ``local:N``, and what
     ``distributed.Client`` raises when the scheduler cannot be reached (``OSError``, ``TimeoutError``).
     """
     if scheduler is None:
         solutions = solutions_folder(root) if mode.shows_solutions else None
         with (
-            Sandbox(max_slots=jobs, solutions=solutions, limits=limits) as sandbox,
+            Sandbox(max_slots=jobs, solutions=solutions, limits=limits, preload=preload) as sandbox,
             ThreadPoolExecutor(max_workers=jobs) as executor,
         ):
             sandbox.start(min(jobs, submissions))  # the fork servers preload while this process imports

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from attention_course.grading.options import Mode
 from attention_course.grading.sandbox import DEFAULT_LIMITS, Limits
+from attention_course.registry import ASSIGNMENTS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -89,6 +90,7 @@ def run(request: Request) -> int:
                         mode=request.mode,
                         root=request.root,
                         submissions=len(request.submissions),
+                        preload=ASSIGNMENTS[request.assignment].kernel_modules,
                     )
                 )
             except (ValueError, OSError) as error:

@@ -164,6 +164,7 @@ class Grading:
 
     def _grade(self, chosen: dict[Path, str]) -> None:
         from attention_course.grading import cluster
+        from attention_course.registry import ASSIGNMENTS
 
         try:
             get = self.config.getoption
@@ -175,6 +176,7 @@ class Grading:
                 mode=mode,
                 root=self.root,
                 submissions=len(chosen),
+                preload=ASSIGNMENTS[self.assignment_id].kernel_modules,
             ) as backend:
                 from attention_course.grading.batch import grade_batch
                 from attention_course.grading.submission import Job

@@ -464,6 +464,7 @@ class Slot:
         isolation: Isolation,
         solutions: Path | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        preload: Sequence[str] = (),
     ) -> None:
         self.scratch = root / f"s{index}"
         self.scratch.mkdir(parents=True)
@@ -471,6 +472,7 @@ class Slot:
         self.solutions = solutions
         self._lock = threading.Lock()
         command = [sys.executable, "-I", "-m", "attention_course.grading.zygote"]
+        command += [argument for name in preload for argument in ("--preload", name)]
         passed: tuple[int, ...] = ()
         if isolation.namespaces:
             assert isolation.bwrap is not None
@@ -622,12 +624,15 @@ class Sandbox:
 
     ``with sandbox.slot() as slot:`` lends a slot with an empty scratch folder; a slot whose fork server
     died is replaced. ``solutions``: the reference solutions' folder, importable by kernels (together mode,
-    where hidden tests import them); by default they are hidden.
+    where hidden tests import them); by default they are hidden. ``preload``: modules each fork server imports
+    as it starts, while the caller does other work (the graded assignments' ``kernel_modules``; a kernel's
+    spawn imports those of its own assignment that are missing).
     """
 
     max_slots: int | None = None
     solutions: Path | None = None
     limits: Limits = DEFAULT_LIMITS
+    preload: tuple[str, ...] = ()
     _root: Path = field(init=False)
     _free: list[Slot] = field(default_factory=list, init=False)
     _count: int = field(default=0, init=False)
@@ -654,7 +659,7 @@ class Sandbox:
 
     def _new_slot(self) -> Slot:
         self._count += 1
-        return Slot(self._root, self._count, isolation(), self.solutions, self.limits)
+        return Slot(self._root, self._count, isolation(), self.solutions, self.limits, self.preload)
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[Slot]:

@@ -321,7 +321,7 @@ def grade_submission(job: Job, sandbox: Sandbox | None = None) -> SubmissionResu
                     session=session,
                     key=key,
                     deadline=start + job.limits.timeout,
-                    preload=ASSIGNMENTS[job.assignment].preload,
+                    preload=ASSIGNMENTS[job.assignment].kernel_modules,
                 )
                 if session is not None:
                     if slot.alive:

@@ -23,7 +23,8 @@ request per line on its standard input, on its standard output:
   sandbox's private ``/tmp`` and ``/dev/shm`` and removes its System V IPC objects, and answers how many
   processes there were.
 
-Run by the sandbox as ``python -I -m attention_course.grading.zygote``; people never need to.
+Run by the sandbox as ``python -I -m attention_course.grading.zygote [--preload MODULE]...``; people never
+need to.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 #: the seed of torch's CPU generator in every kernel: the seed of a new ``torch.Generator()``
@@ -65,8 +67,10 @@ KERNEL_MODULES = (
 )
 
 
-def preload() -> None:
-    """Import what graded notebooks import, and run once what PyTorch and IPython load on first use.
+def preload(modules: Sequence[str] = ()) -> None:
+    """Import what graded notebooks import, and run once what PyTorch and IPython load on first use; then
+    ``modules``, the graded assignments' own (:attr:`~attention_course.registry.Assignment.kernel_modules`:
+    importing every exercise's checks here cost a second and more, ex03's and ex08's ``torch._dynamo``).
 
     The kernel's own modules come first: ipykernel's debugger (debugpy) alone is a third of a kernel's
     start. matplotlib is left out: no exercise imports it, and a notebook that does finds its font list
@@ -78,12 +82,9 @@ def preload() -> None:
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
-    from attention_course import checks  # noqa: F401
+    from attention_course.checks import engine  # noqa: F401
     from attention_course.grading import recorder  # noqa: F401
-    from attention_course.registry import ASSIGNMENTS
 
-    for assignment in ASSIGNMENTS.values():  # every exercise's checks, and what they import
-        __import__(assignment.checks)
     # kernels and dispatch paths that load on first use: a tiny attention in each common dtype (an assignment
     # that needs more names it in its Assignment.preload, which the first spawn imports)
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
@@ -91,6 +92,8 @@ def preload() -> None:
         F.scaled_dot_product_attention(x, x, x)
         torch.softmax(x @ x.transpose(-2, -1), dim=-1).masked_fill(x[..., :2] > 0, 0.0).sum().item()
     _fresh_random_state()  # once here: numpy imports numpy.random, secrets and hashlib on its first seeding
+    for name in modules:
+        importlib.import_module(name)
 
 
 def _kernel(request: dict[str, Any], protocol: list[int]) -> None:
@@ -371,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(null, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for a kernel, never for the server
     started = time.monotonic()
-    preload()
+    preload([argv[i + 1] for i, argument in enumerate(argv[:-1]) if argument == "--preload"])
     # the children start from this process's memory, copy on write: a garbage collection in a child would
     # touch every object and copy most pages; frozen objects are never collected (Python's gc.freeze)
     gc.collect()
