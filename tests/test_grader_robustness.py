@@ -253,3 +253,24 @@ def test_a_real_device_side_assert_costs_only_its_own_cell():
         executed = execute(notebook, slot, Limits(cell_timeout=60))
     assert [(r.cell, r.reason) for r in executed.restarts] == [(1, "AcceleratorError")]
     assert "".join(o.get("text", "") for o in executed.notebook.cells[2].outputs) == "6.0\n"
+
+
+def test_a_fork_server_imports_the_graded_assignments_checks_only():
+    """A fork server started for ex01 has ex01's checks imported before it forks (a kernel finds them ready)
+    and no other exercise's: ex03's would import ``torch._dynamo``, a second of every batch's start-up; a
+    kernel spawned for ex03 in the same slot then finds ex03's checks imported before its fork."""
+    look = nbformat.v4.new_code_cell(
+        "import sys\n"
+        "print(sorted(m for m in sys.modules if m.startswith('attention_course.checks.ex')), "
+        "'torch._dynamo' in sys.modules)"
+    )
+    printed = []
+    with sandbox.Sandbox(max_slots=1, preload=ASSIGNMENTS["ex01_attention_pooling"].kernel_modules) as pool:
+        for assignment in ("ex01_attention_pooling", "ex03_masks"):
+            with pool.slot() as slot:
+                notebook = nbformat.v4.new_notebook(cells=[look])
+                kernel_modules = ASSIGNMENTS[assignment].kernel_modules
+                executed = execute(notebook, slot, Limits(cell_timeout=60), preload=kernel_modules)
+            printed.append("".join(o.get("text", "") for o in executed.notebook.cells[0].outputs).strip())
+    assert printed[0] == "['attention_course.checks.ex01'] False"
+    assert printed[1] == "['attention_course.checks.ex01', 'attention_course.checks.ex03'] True"
