@@ -11,20 +11,18 @@ blank submissions show it for every assignment).
 
 from __future__ import annotations
 
-import functools
 import shutil
 import subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from attention_course.grading.batch import grade_batch
-from attention_course.grading.sandbox import Limits, Sandbox
-from attention_course.grading.submission import Job, SubmissionResult, grade_submission
+from attention_course.grading.batch import grade_jobs
+from attention_course.grading.sandbox import Limits
+from attention_course.grading.submission import Job, SubmissionResult
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank
 from tests.grading_course import nbgrader, write_config
@@ -184,13 +182,10 @@ def grade_course(assignments: list[str], course: Path) -> dict[str, RoundTrip]:
         for case in submitted:
             assert (course / "feedback" / case.student / assignment / f"{assignment}.html").is_file()
     # attention-grade: every assignment of the course in one batch on one sandbox (its fork servers import
-    # torch once for all of them), as `grade` grades one
-    jobs = [
-        Job(a, student, path, course, Limits()) for a in assignments for student, path in paths[a].items()
-    ]
-    with Sandbox(max_slots=2, limits=Limits()) as sandbox, ThreadPoolExecutor(max_workers=2) as executor:
-        sandbox.start(2)
-        ours = grade_batch(jobs, executor, functools.partial(grade_submission, sandbox=sandbox))
+    # torch once for all of them)
+    ours = grade_jobs(
+        [Job(a, student, path, course, Limits()) for a in assignments for student, path in paths[a].items()]
+    )
     round_trips = {}
     for assignment, submitted in cases.items():
         results = {result.student: result for result in ours if result.assignment == assignment}

@@ -94,10 +94,23 @@ def grade(
     """Grade ``{student: notebook}`` on ``jobs`` threads sharing a sandbox of ``jobs`` slots (locally)."""
     mode = Mode(mode)
     batch = [Job(assignment_id, student, path, root, limits, mode) for student, path in submissions.items()]
-    solutions = solutions_folder(root) if mode.shows_solutions else None
-    kernel_modules = ASSIGNMENTS[assignment_id].kernel_modules
+    return grade_jobs(batch, jobs=jobs, limits=limits, mode=mode, on_result=on_result)
+
+
+def grade_jobs(
+    batch: Sequence[Job],
+    *,
+    jobs: int = 2,
+    limits: Limits = DEFAULT_LIMITS,
+    mode: Mode = Mode.SPLIT,
+    on_result: Callable[[SubmissionResult], None] | None = None,
+) -> list[SubmissionResult]:
+    """Grade ``batch`` (of one assignment or several, with one root and ``mode``) on ``jobs`` threads sharing
+    a sandbox of ``jobs`` slots, whose fork servers import every assignment's kernel modules as they start."""
+    solutions = solutions_folder(batch[0].root) if batch and mode.shows_solutions else None
+    preload = tuple(dict.fromkeys(m for job in batch for m in ASSIGNMENTS[job.assignment].kernel_modules))
     with (
-        Sandbox(max_slots=jobs, solutions=solutions, limits=limits, preload=kernel_modules) as sandbox,
+        Sandbox(max_slots=jobs, solutions=solutions, limits=limits, preload=preload) as sandbox,
         ThreadPoolExecutor(max_workers=jobs) as executor,
     ):
         sandbox.start(min(jobs, len(batch)))
