@@ -26,6 +26,7 @@ import pytest
 
 from attention_course.grading.cli import main
 from tests.grading_course import ASSIGNMENT, ENVIRONMENT, TIMESTAMP, make_course, nbgrader
+from tests.notebook_tools import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platforms")]
 
@@ -334,3 +335,68 @@ def test_the_timestamp_of_nbgrader_collect_is_recorded(graded):
     autograded = graded["ours"] / "autograded" / "few-samples" / ASSIGNMENT
     assert (autograded / "timestamp.txt").read_text() == TIMESTAMP
     nbformat.validate(nbformat.read(autograded / f"{ASSIGNMENT}.ipynb", as_version=4))
+
+
+# the Chinese release: the same submissions, their text cells in Chinese, graded in a course of its own
+IN_CHINESE = ("solved", "blank", "mask-ignored", "torch-softmax")
+
+
+@pytest.fixture(scope="module")
+def graded_in_chinese(graded, tmp_path_factory):
+    """Four of the six submissions, each as it would be written in the Chinese release (its code cells the
+    English submission's, its text cells the Chinese release's), in a course whose source notebook is the
+    translated one; graded by ``nbgrader autograde`` and by ``attention-grade``, as the English ones."""
+    from attention_course.grading import translation
+    from attention_course.registry import ASSIGNMENTS
+    from tests.grading_course import write_config
+
+    base = tmp_path_factory.mktemp("platforms-zh")
+    course, ours = base / "nbgrader", base / "ours"
+    course.mkdir()
+    write_config(course)
+    translation.write_translated_sources(ROOT, course, "zh_CN", [ASSIGNMENTS[ASSIGNMENT]])
+    generated = nbgrader("generate_assignment", ASSIGNMENT, "--force", cwd=course)
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    release = nbformat.read(ASSIGNMENTS[ASSIGNMENT].release(course), as_version=4)
+    committed = translation.release_path(ROOT, "zh_CN", ASSIGNMENTS[ASSIGNMENT])
+    assert release == nbformat.read(committed, as_version=4), "the committed Chinese release is stale"
+    for student in IN_CHINESE:
+        notebook = nbformat.read(graded["paths"][student], as_version=4)
+        assert len(notebook.cells) == len(release.cells)
+        for cell, chinese in zip(notebook.cells, release.cells, strict=True):
+            if cell.cell_type == "markdown" and not cell.metadata.get("nbgrader", {}).get("solution"):
+                cell.source = chinese.source
+            else:
+                assert (
+                    cell.cell_type == chinese.cell_type
+                    and cell.metadata.nbgrader == chinese.metadata.nbgrader
+                )
+        path = course / "submitted" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(notebook, path)
+    shutil.copytree(course, ours)
+    autograded = nbgrader("autograde", ASSIGNMENT, "--force", cwd=course)
+    assert autograded.returncode == 0, autograded.stdout + autograded.stderr
+    report = base / "report"
+    arguments = [ASSIGNMENT, str(ours / "submitted"), "--course", str(ours), "--out", str(report)]
+    assert main([*arguments, "--jobs", "2"]) == 0
+    return {"nbgrader": course, "report": json.loads((report / "report.json").read_text())}
+
+
+def test_a_submission_gets_the_same_points_in_the_chinese_release(graded, graded_in_chinese):
+    """The Chinese release is the English one with its text translated: nbgrader and attention-grade give
+    each submission, written in either, the same points in every cell."""
+    english = _grades(graded["nbgrader"] / "gradebook.db")
+    chinese = _grades(graded_in_chinese["nbgrader"] / "gradebook.db")
+    assert set(chinese) == set(IN_CHINESE)
+    for student in IN_CHINESE:
+        assert chinese[student][0] == english[student][0], student  # (auto score, max, needs manual) by cell
+    ours = _points(graded_in_chinese["report"])
+    assert ours == {student: _points(graded["report"])[student] for student in IN_CHINESE}
+    total = {student: sum(points or 0 for points in ours[student].values()) for student in IN_CHINESE}
+    assert total["blank"] == 0 < total["mask-ignored"] < total["solved"]
+    # the text the learner reads is Chinese
+    from attention_course.registry import ASSIGNMENTS
+
+    release = nbformat.read(ASSIGNMENTS[ASSIGNMENT].release(graded_in_chinese["nbgrader"]), as_version=4)
+    assert re.search(r"[\u4e00-\u9fff]{4}", release.cells[0].source)

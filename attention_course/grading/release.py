@@ -12,6 +12,11 @@ cells of the behaviour before it, or its function's solution cell), a function w
 one and a text cell for its task (placeholder text, to write), and a generated cell whose function or
 behaviour is gone is removed. Nothing else of a notebook is touched: its text, set-up and written answers.
 
+Each release exists in every language of ``translation.LANGUAGES`` too, as
+``exercises/<id>/<language>/<id>.ipynb``: the source notebook with its markdown translated from
+``locales/`` (``translation.py``), released by the same nbgrader command. A release whose catalogue lacks a
+translation is left as it was, with a note.
+
 ``attention-release`` (``make release``) syncs the source notebooks and regenerates every release;
 ``attention-release ID ...`` (``make release ASSIGNMENT=ID``) only those; ``attention-release --check``
 changes nothing and fails when a source notebook or a committed release is stale (the test suite runs it).
@@ -37,6 +42,7 @@ from typing import Any
 import nbformat
 
 from attention_course.checks import engine
+from attention_course.grading import translation
 from attention_course.registry import ASSIGNMENTS, SOURCE_DIRECTORY, Assignment, course_root
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -342,8 +348,41 @@ def generate(assignments: Sequence[Assignment], root: Path, *, database: bool = 
             )
 
 
+def generate_translations(
+    assignments: Sequence[Assignment], root: Path, into: Path | None = None
+) -> list[str]:
+    """Release ``assignments`` in every translated language, from their translated source notebooks, into
+    ``into`` (default ``root``) at ``translation.release_path``.
+
+    Returns:
+        A note for each release left as it was because its catalogue lacks a translation.
+    """
+    into = root if into is None else into
+    notes = []
+    for language in translation.LANGUAGES:
+        with tempfile.TemporaryDirectory() as scratch:
+            course = Path(scratch)
+            shutil.copy(root / "nbgrader_config.py", course)
+            ready = []
+            for assignment in assignments:
+                try:
+                    translation.write_translated_sources(root, course, language, [assignment])
+                except (translation.UntranslatedError, FileNotFoundError) as error:
+                    notes.append(f"{assignment.id} ({language}) is not released: {error}")
+                else:
+                    ready.append(assignment)
+            if ready:
+                generate(ready, course, database=False)
+            for assignment in ready:
+                target = translation.release_path(into, language, assignment)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(assignment.release(course), target)
+    return notes
+
+
 def stale_releases(assignments: Sequence[Assignment], root: Path) -> list[str]:
-    """Regenerate the releases in a temporary course directory and list those that differ from ``root``'s."""
+    """Regenerate the releases (every language) in a temporary course directory and list those that differ
+    from ``root``'s: an assignment's id, or ``"<id> (<language>)"``."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch_root = Path(scratch)
         shutil.copy(root / "nbgrader_config.py", scratch_root)
@@ -351,13 +390,24 @@ def stale_releases(assignments: Sequence[Assignment], root: Path) -> list[str]:
             assignment.source(scratch_root).parent.mkdir(parents=True)
             shutil.copy(assignment.source(root), assignment.source(scratch_root))
         generate(assignments, scratch_root, database=False)
+        untranslated = generate_translations(assignments, root, into=scratch_root)
         stale = []
         for assignment in assignments:
-            fresh = json.loads(assignment.release(scratch_root).read_text())
-            committed_path = assignment.release(root)
-            committed = json.loads(committed_path.read_text()) if committed_path.exists() else None
-            if fresh != committed:
-                stale.append(assignment.id)
+            releases = [(assignment.id, assignment.release(scratch_root), assignment.release(root))] + [
+                (
+                    f"{assignment.id} ({language})",
+                    translation.release_path(scratch_root, language, assignment),
+                    translation.release_path(root, language, assignment),
+                )
+                for language in translation.LANGUAGES
+            ]
+            for name, fresh_path, committed_path in releases:
+                fresh = json.loads(fresh_path.read_text()) if fresh_path.exists() else None
+                committed = json.loads(committed_path.read_text()) if committed_path.exists() else None
+                if fresh is None or fresh != committed:
+                    stale.append(name)
+    for note in untranslated:
+        print(note, file=sys.stderr)
     return stale
 
 
@@ -393,15 +443,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     if arguments.check:
         problems += [
-            f"{ASSIGNMENTS[name].release(root)} is stale: run `make release`"
-            for name in stale_releases(chosen, root)
+            f"the release of {name} is stale: run `make release`" for name in stale_releases(chosen, root)
         ]
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1 if problems else 0
     generate(chosen, root)
+    notes = generate_translations(chosen, root)
     for assignment in chosen:
         print(f"released {assignment.release(root).relative_to(root)}")
+        for language in translation.LANGUAGES:
+            if not any(note.startswith(f"{assignment.id} ({language})") for note in notes):
+                print(f"released {translation.release_path(root, language, assignment).relative_to(root)}")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
