@@ -1,5 +1,8 @@
 # The course's verbs. Each is one line over a real tool; all of them set up .venv first if needed.
-#   make book      build the HTML book into _build/html, every chapter executed (warnings are errors)
+#   make book      build the HTML book into _build/html, every chapter executed (warnings are errors), and its
+#                  Chinese edition into _build/html/zh from the same sources and locales/zh_CN
+#   make locales   update the translation catalogues locales/zh_CN from the English pages and exercises:
+#                  new messages empty, changed ones fuzzy, for a translator (tests/test_translation.py)
 #   make test      run every test (reference, checks, nbgrader round trip, grader, chapters, book build)
 #   make release   regenerate the student notebooks in exercises/ from solutions/ (nbgrader); one of them:
 #                  make release ASSIGNMENT=ex02_scaled_dot_product (several: ASSIGNMENT="ex02_... ex03_...")
@@ -25,7 +28,7 @@ TORCH_INDEX ?=
 ASSIGNMENT ?= ex02_scaled_dot_product
 SUBMISSIONS ?= submitted
 
-.PHONY: book test release new-exercise grade lint clean notebooks chromium postgresql student-release
+.PHONY: book locales test release new-exercise grade lint clean notebooks chromium postgresql student-release
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,8 +40,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 book: $(VENV)/.installed
-	$(BIN)/jupyter-book build . -W -n --keep-going
-	@echo "The book is in _build/html: open _build/html/index.html in a browser."
+	$(BIN)/python _ext/build_book.py
+	@echo "The book is in _build/html (open _build/html/index.html), its Chinese edition in _build/html/zh."
+
+locales: $(VENV)/.installed
+	PATH="$(BIN):$$PATH" $(BIN)/python _ext/build_book.py --gettext
 
 test: $(VENV)/.installed chromium postgresql
 	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=40

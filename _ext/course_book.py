@@ -13,6 +13,10 @@
   "\\(\\operatorname{softmax}(QK^\\top)\\)". A small script has the search leave formulas out of the text it
   cuts snippets from, each marked by an ellipsis (Sphinx has no setting for it, only one that drops every
   snippet: ``html_show_search_summary``).
+- Two editions, English and Chinese (``_ext/build_book.py``): every page links to the same page in the other
+  edition, as a link at the top of the article and as ``<link rel="alternate" hreflang>`` for search engines.
+  The Chinese exercise pages show the Chinese release notebooks (``exercises/<id>/zh_CN/<id>.ipynb``, whose
+  markdown is translated cell by cell) in place of the English ones.
 - Each inline script once per page: Sphinx 7.4 adds an inline script that an extension registers after
   the builder has started twice (once from the registry with ``filename=''``, once directly with
   ``filename=None``), so every page declared ``const THEBE_JS_URL`` twice and the browser logged
@@ -21,7 +25,9 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import sphinxcontrib.bibtex.plugin
 from docutils import nodes
@@ -137,6 +143,44 @@ def _unique_scripts(app, pagename, templatename, context, doctree) -> None:
     context["script_files"] = unique
 
 
+# language: (the edition's folder under the English edition's root, its name as its readers write it,
+# its language tag)
+EDITIONS = {"en": ("", "English", "en"), "zh_CN": ("zh/", "中文", "zh-CN")}
+
+
+def _edition(app) -> str:
+    return app.config.language if app.config.language in EDITIONS else "en"
+
+
+def _other_editions(app, pagename, templatename, context, doctree) -> None:
+    """Link the page to the same page in the other editions (see the module docstring)."""
+    here = _edition(app)
+    root = "../" * (pagename.count("/") + EDITIONS[here][0].count("/"))
+    links, alternates = [], []
+    for language, (folder, name, tag) in EDITIONS.items():
+        if language == here:
+            continue
+        href = html.escape(f"{root}{folder}{pagename}.html")
+        links.append(f'<a class="course-edition" href="{href}" hreflang="{tag}" lang="{tag}">{name}</a>')
+        alternates.append(f'<link rel="alternate" hreflang="{tag}" href="{href}" />')
+    context["metatags"] = context.get("metatags", "") + "\n".join(alternates)
+    if doctree is not None and "body" in context:
+        context["body"] = f'<p class="course-editions">{" ".join(links)}</p>\n' + context["body"]
+
+
+def _translated_exercise(app, docname, source) -> None:
+    """In a translated edition, read an exercise page from its release in that language."""
+    here = _edition(app)
+    parts = docname.split("/")
+    if here == "en" or len(parts) != 3 or parts[0] != "exercises":
+        return
+    translated = Path(app.srcdir, "exercises", parts[1], here, f"{parts[2]}.ipynb")
+    if translated.is_file():
+        source[0] = translated.read_text(encoding="utf-8")
+    else:
+        logger.warning(f"{docname} has no {here} release ({translated}): run `make release`")
+
+
 def setup(app):
     register_plugin("pybtex.style.labels", "course_author_year", AuthorYearLabelStyle)
     register_plugin("pybtex.style.formatting", "course_author_year", AuthorYearStyle)
@@ -147,4 +191,6 @@ def setup(app):
     app.connect("doctree-read", _figure_width_only)
     app.add_js_file(None, body=SEARCH_WITHOUT_TEX)
     app.connect("html-page-context", _unique_scripts, priority=900)
+    app.connect("html-page-context", _other_editions)
+    app.connect("source-read", _translated_exercise)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -64,7 +64,8 @@ class BookBuild:
 
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory) -> BookBuild:
-    """The book built once per test session, warnings as errors, into a temporary folder.
+    """The book built once per test session, both editions (`make book`), warnings as errors, into a
+    temporary folder: the English one in ``html``, the Chinese one in ``html/zh``.
 
     While working on the browser tests, ``BOOK_HTML=_build/html`` reuses a book built before (by `make
     book`) instead; the build itself is then not tested.
@@ -73,7 +74,7 @@ def built_book(tmp_path_factory) -> BookBuild:
         return BookBuild(0, "", Path(os.environ["BOOK_HTML"]).resolve())
     output = tmp_path_factory.mktemp("book")
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    command = ["jupyter-book", "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(output)]
+    command = [sys.executable, str(ROOT / "_ext" / "build_book.py"), "--path-output", str(output)]
     with busy_processes(2):
         built = subprocess.run(command, env=environment, capture_output=True, text=True)
     return BookBuild(built.returncode, built.stdout + built.stderr, output / "_build" / "html")

@@ -107,6 +107,7 @@ def test_book_builds_without_warnings(built_book: BookBuild):
         "bibliography",
     ):
         assert (html / f"{page}.html").is_file(), page
+        assert (html / "zh" / f"{page}.html").is_file(), f"zh/{page}"
     # the exercise page shows the student release: no solution, no hidden test
     exercise = (html / "exercises/ex02_scaled_dot_product/ex02_scaled_dot_product.html").read_text()
     assert "NotImplementedError" in exercise and "BEGIN HIDDEN TESTS" not in exercise
@@ -192,3 +193,46 @@ def test_a_training_chapter_prints_the_same_numbers_with_two_threads(built_book,
         resources={"metadata": {"path": str(ROOT / "chapters")}},
     ).execute()
     assert _printed(notebook) == _printed(nbformat.read(built, as_version=4))
+
+
+def _text(page: Path) -> str:
+    """A built page's article prose: its tags, code and formulas left out."""
+    html = page.read_text()
+    article = html[html.find('<article class="bd-article">') :]
+    article = re.sub(r"<(script|style|pre|code)\b.*?</\1>", " ", article, flags=re.DOTALL)
+    article = re.sub(
+        r'<span class="math[^"]*">.*?</span>|<div class="math[^"]*">.*?</div>', " ", article, flags=re.DOTALL
+    )
+    return re.sub(r"<[^>]+>", " ", article)
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "intro",
+        "chapters/03_masks",
+        "chapters/11_tiled_attention",
+        "exercises/ex02_scaled_dot_product/ex02_scaled_dot_product",
+    ],
+)
+def test_the_chinese_edition_is_chinese_and_links_to_the_english(built_book: BookBuild, page: str):
+    """The Chinese edition's page is written in Chinese, keeps the English page's formulas and code, and each
+    edition links to the same page in the other."""
+    html = built_book.require()
+    english, chinese = html / f"{page}.html", html / "zh" / f"{page}.html"
+    text = _text(chinese)
+    han = len(re.findall(r"[\u4e00-\u9fff]", text))
+    assert han > 0.5 * len(re.findall(r"[A-Za-z]", text)), "most of the page's prose is not Chinese"
+    assert '<html lang="zh-CN"' in chinese.read_text()
+    for source, target, language in ((english, chinese, "zh-CN"), (chinese, english, "en")):
+        links = re.findall(
+            rf'<a class="course-edition" href="([^"]+)" hreflang="{language}"', source.read_text()
+        )
+        assert len(links) == 1, f"{source.relative_to(html)} has no link to its {language} edition"
+        assert (source.parent / links[0]).resolve() == target.resolve()
+    # the same formulas and the same code
+    formulas = re.compile(r'<span class="math notranslate nohighlight">(.*?)</span>', re.DOTALL)
+    # (as multisets: a translated sentence may name two formulas in the other order)
+    assert sorted(formulas.findall(english.read_text())) == sorted(formulas.findall(chinese.read_text()))
+    code = re.compile(r'<div class="highlight[^"]*"><pre>(.*?)</pre>', re.DOTALL)
+    assert code.findall(english.read_text()) == code.findall(chinese.read_text())

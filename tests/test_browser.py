@@ -1,4 +1,4 @@
-"""The book as readers see it: every page opened in a real browser, Debian's Chromium, headless.
+"""The book as readers see it: every page of both editions opened in a real browser, Debian's Chromium.
 
 The session's one build of the book (the fixture ``built_book``) is served on 127.0.0.1 and every page is
 opened once, measured as a desktop shows it (1280 px wide), then resized and measured as a phone shows
@@ -52,6 +52,8 @@ LEGIBLE_SCALE = {"desktop": 0.72, "phone": 0.58}
 DEVICE_PIXEL_RATIO = 2
 # TeX as MathJax reads it: its delimiters, or a command; in a search snippet the reader sees it raw
 TEX = re.compile(r"\\[()[\]]|\\(?:begin|frac|sqrt|mathrm|mathbf|operatorname|text|top|cdot|sum|mathbb)\b")
+# the Chinese edition's folder (_ext/build_book.py)
+CHINESE = "zh/"
 SOLUTION_MARKERS = (
     "BEGIN SOLUTION",
     "END SOLUTION",
@@ -141,15 +143,21 @@ def browser() -> Iterator[Browser]:
 
 
 def book_pages(html: Path) -> list[str]:
-    """Every page of the book, as paths relative to its root; not the theme's or Sphinx's own files, nor
-    index.html, which only redirects to the first page (see test_the_front_page_leads_to_the_introduction).
+    """Every page of the book, both editions (the Chinese one under ``zh/``), as paths relative to its root;
+    not the theme's or Sphinx's own files, nor an edition's index.html, which only redirects to its first
+    page (see test_the_front_page_leads_to_the_introduction).
     """
     return sorted(
         path.relative_to(html).as_posix()
         for path in html.rglob("*.html")
-        if not path.relative_to(html).parts[0].startswith("_")
-        and path.relative_to(html).as_posix() != "index.html"
+        if not any(part.startswith("_") for part in path.relative_to(html).parts)
+        and path.relative_to(html).as_posix() not in ("index.html", f"{CHINESE}index.html")
     )
+
+
+def english(path: str) -> str:
+    """The page's path in the English edition (``zh/chapters/03_masks.html`` → ``chapters/03_masks.html``)."""
+    return path.removeprefix(CHINESE)
 
 
 class Reader:
@@ -238,7 +246,7 @@ def visits(reader: Reader, html: Path) -> dict[str, Visit]:
         shot = Path(shots or ".", path.replace("/", "-").removesuffix(".html"))
         if shots:
             reader.page.screenshot(path=f"{shot}-desktop.png", full_page=True)
-        if path.startswith("chapters/"):
+        if english(path).startswith("chapters/"):
             visit.definitions = reader.page.evaluate(DEFINITIONS, exercise_functions(Path(path).name[:2]))
         reader.page.set_viewport_size(PHONE)
         reader.page.wait_for_timeout(50)  # let the layout settle
@@ -267,11 +275,14 @@ def test_every_page_of_the_book_is_visited(visits):
         "search.html",
     ):
         assert expected in pages
+        assert CHINESE + expected in pages
+    assert len(pages) % 2 == 0 and {english(page) for page in pages} == {p for p in pages if p == english(p)}
 
 
-def test_the_front_page_leads_to_the_introduction(reader):
-    visit = reader.open("")
-    reader.page.wait_for_url("**/intro.html")
+@pytest.mark.parametrize("edition", ["", CHINESE])
+def test_the_front_page_leads_to_the_introduction(reader, edition):
+    visit = reader.open(edition)
+    reader.page.wait_for_url(f"**/{edition}intro.html")
     assert visit.console_errors == [] and visit.external_requests == [] and visit.failed_requests == []
 
 
@@ -327,19 +338,21 @@ def test_every_internal_link_and_anchor_resolves(visits, site, html):
     assert broken == {}
 
 
-def test_search_finds_softmax(reader):
-    visit = reader.open("search.html?q=softmax")
+@pytest.mark.parametrize(("edition", "word"), [("", "softmax"), (CHINESE, "softmax"), (CHINESE, "掩码")])
+def test_search_finds_a_word(reader, edition, word):
+    visit = reader.open(f"{edition}search.html?q={word}")
     reader.page.wait_for_selector("#search-results ul.search li", timeout=30_000)
     results = reader.page.eval_on_selector_all(
         "#search-results ul.search li a", "links => [...links].map(a => a.href)"
     )
-    assert any("chapters/02_scaled_dot_product.html" in result for result in results), results
+    chapter = "chapters/02_scaled_dot_product.html" if word == "softmax" else "chapters/03_masks.html"
+    assert any(f"/{edition}{chapter}" in result for result in results), results
     assert visit.console_errors == [] and visit.external_requests == []
 
 
 def test_exercise_pages_hold_no_solution_and_no_hidden_test(visits):
-    exercises = {path: visit for path, visit in visits.items() if path.startswith("exercises/")}
-    assert len(exercises) == len(ASSIGNMENTS)
+    exercises = {path: visit for path, visit in visits.items() if english(path).startswith("exercises/")}
+    assert len(exercises) == 2 * len(ASSIGNMENTS)
     for path, visit in exercises.items():
         text = visit.desktop["text"]
         assert "raise NotImplementedError()" in text, path  # the student release, not the source
@@ -391,7 +404,7 @@ def wrapped_code_lines(visits: dict[str, Visit], screen: str = "desktop") -> dic
     return {
         path: len(getattr(visit, screen)["wrappedCode"])
         for path, visit in visits.items()
-        if path.startswith("chapters/") and getattr(visit, screen)["wrappedCode"]
+        if english(path).startswith("chapters/") and getattr(visit, screen)["wrappedCode"]
     }
 
 
@@ -451,11 +464,12 @@ def test_chapters_fold_the_functions_an_exercise_asks_for(visits, chapter):
     """A chapter shows the key lines of what its exercise asks for; a whole function appears only folded
     away (hidden until the reader opens it), after a link to the exercise."""
     assert exercise_functions(chapter[:2]), f"exercise {chapter[:2]} asks for no function?"
-    definitions = visits[f"chapters/{chapter}.html"].definitions
-    assert definitions, "the chapter shows none of the functions: where did the folded versions go?"
-    for definition in definitions:
-        assert not definition["shown"], definition  # not visible before the reader opens it
-        assert definition["folded"] and definition["afterExerciseLink"], definition
+    for edition in ("", CHINESE):
+        definitions = visits[f"{edition}chapters/{chapter}.html"].definitions
+        assert definitions, "the chapter shows none of the functions: where did the folded versions go?"
+        for definition in definitions:
+            assert not definition["shown"], definition  # not visible before the reader opens it
+            assert definition["folded"] and definition["afterExerciseLink"], definition
 
 
 def test_a_request_that_never_ends_fails_its_own_page_only(browser, tmp_path, monkeypatch):

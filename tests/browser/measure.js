@@ -99,11 +99,12 @@ async (phone) => {
     }
     return {figures, wideEquations, splitWords, wrappedCode, sticking, scrollWidth: document.documentElement.scrollWidth, viewport};
   }
-  const rawTex = [];  // text outside code and maths that looks like TeX or MyST
+  // text outside code and maths that looks like TeX or MyST (or Markdown emphasis that was not recognised)
+  const rawTex = [];
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT, {acceptNode: (node) =>
     node.parentElement.closest("pre, code, script, style, textarea, mjx-container")
       ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
-  const source = /\\[()[\]]|\$\$|\$[A-Za-z\\{]|\\(frac|mathrm|sqrt|begin|cdot|sum|top|mathbb|lVert)\b|\{(cite|ref|doc|term|eq)(:[a-z]+)?\}`/;
+  const source = /\\[()[\]]|\$\$|\$[A-Za-z\\{]|\\(frac|mathrm|sqrt|begin|cdot|sum|top|mathbb|lVert)\b|\{(cite|ref|doc|term|eq)(:[a-z]+)?\}`|\*\*[^\s*]|[^\s*]\*\*/;
   while (walker.nextNode()) {
     const text = walker.currentNode.textContent;
     if (source.test(text)) rawTex.push(text.trim().slice(0, 80));
