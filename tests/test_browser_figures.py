@@ -1,10 +1,11 @@
 """The figures a reader can move (attention_course/interactive.py, _ext/course_figures.py), in a real browser.
 
-Each figure is opened on its page at desktop and at phone width, in Debian's Chromium as tests/test_browser.py
-drives it: it must be drawn (its cell's output marked live), fit the column, and change when each of its
-controls is moved (a slider dragged, a button pressed): the data of its Bokeh models, read through
-``Bokeh.documents``, and its pixels. Nothing may be logged as an error and no request may leave the machine.
-Without JavaScript, and in print, the still image of the figure shows instead. The built pages are also read
+Each page that holds figures is opened once per edition, in Debian's Chromium as tests/test_browser.py drives
+it, and measured at desktop then at phone width: each figure must be drawn (its cell's output marked live),
+fit the column, and change when each of its controls is moved (a slider dragged, a button pressed): the data
+of its Bokeh models, read through ``Bokeh.documents``, and its pixels. Nothing may be logged as an error and
+no request may leave the machine. Without JavaScript, and in print, the still image of the figure shows
+instead. The built pages are also read
 as files: BokehJS is served from the book's ``_static`` (the installed bokeh's own files), and only to the
 pages that hold a figure.
 """
@@ -16,14 +17,14 @@ pages that hold a figure.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import bokeh
 import pytest
-from playwright.sync_api import Browser, Locator, Page
+from playwright.sync_api import Locator, Page
 
-from tests.test_browser import CHINESE, DESKTOP, PHONE, Reader, book_pages, browser, html, site  # noqa: F401
+from tests.test_browser import CHINESE, DESKTOP, PHONE, Reader, Visit, book_pages, browser, html, site  # noqa: F401
 
 # one xdist worker builds the book for every test that reads it (make test runs with --dist loadgroup)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
@@ -110,8 +111,9 @@ def wait_until_live(page: Page, name: str) -> Locator:
     return figure
 
 
-def move(page: Page, figure: Locator, how: str, which: object) -> None:
-    """Drag a slider's handle past the left end of its track, or press a button, as a reader does."""
+def move(page: Page, figure: Locator, how: str, which: object, to_end: bool = False) -> None:
+    """Drag a slider's handle past one end of its track (the start, or the end), or press a button, as a
+    reader does."""
     if how == "slide":
         handle = figure.locator(".noUi-handle").nth(which)
         track = figure.locator(".noUi-target").nth(which)
@@ -119,108 +121,174 @@ def move(page: Page, figure: Locator, how: str, which: object) -> None:
         start, end = handle.bounding_box(), track.bounding_box()
         page.mouse.move(start["x"] + start["width"] / 2, start["y"] + start["height"] / 2)
         page.mouse.down()
-        page.mouse.move(end["x"] - 20, start["y"] + start["height"] / 2, steps=8)
+        x = end["x"] + end["width"] + 20 if to_end else end["x"] - 20
+        page.mouse.move(x, start["y"] + start["height"] / 2, steps=8)
         page.mouse.up()
     else:
         figure.get_by_role("button", name=which, exact=True).click()
     page.wait_for_timeout(300)  # the callback runs, the canvas is drawn again
 
 
-def open_reader(browser: Browser, site: str, path: str, screen: str) -> tuple[Reader, object]:
-    """A tab on ``path`` at the screen's size that records console errors and requests (test_browser.py)."""
-    reader = Reader(browser, site)
-    visit = reader.open(path)
-    if screen == "phone":
-        reader.page.set_viewport_size(PHONE)
-        reader.page.reload(wait_until="load")
-    return reader, visit
+@dataclass
+class Seen:
+    """What one figure did at one screen size of one edition's page."""
+
+    figure: Figure
+    edition: str
+    screen: str
+    shown: dict = field(default_factory=dict)  # SEEN: the still and the live figure, on screen
+    box: dict = field(default_factory=dict)
+    width: int = 0  # of the page's viewport
+    scroll_width: int = 0  # of the page, after the moves
+    moved: list[tuple[str, object, bool, bool]] = field(default_factory=list)  # (how, which, data, pixels)
+    printed: dict = field(default_factory=dict)  # SEEN in print (desktop only)
+    visit: Visit | None = None
 
 
-@pytest.mark.parametrize("screen", SCREENS)
-@pytest.mark.parametrize("figure", FIGURES, ids=FIGURE_IDS)
-def test_each_control_changes_the_figure(browser, site, figure: Figure, screen: str):
-    reader, visit = open_reader(browser, site, figure.page, screen)
+@pytest.fixture(scope="module")
+def seen(browser, site, html) -> list[Seen]:
+    """Every figure of the English pages at desktop then phone width, and of the Chinese pages at phone
+    width, in one tab that opens each page once.
+
+    At each width every control is moved once (sliders dragged to the start at desktop width, to the end at
+    phone width, so that each move changes something: see ``moves``); the Chinese pages move each figure's
+    first control.
+    At desktop width, the page is then shown as printed.
+    """
+    editions = ["", CHINESE] if (html / CHINESE).is_dir() else [""]
+    reader, found = Reader(browser, site), []
     try:
-        page = reader.page
-        live = wait_until_live(page, figure.name)
-        seen = live.evaluate(SEEN)
-        assert seen["live"] and not seen["still"], seen  # on screen: the live figure, not its still
-        # it fits the column: nothing sticks out, and the page does not scroll sideways
-        box, width = live.bounding_box(), page.evaluate("document.documentElement.clientWidth")
-        assert box["x"] >= 0 and box["x"] + box["width"] <= width, (box, width)
-        assert page.evaluate("document.documentElement.scrollWidth") <= width
-        assert box["height"] > 200  # drawn at a readable size
-        for how, which in figure.moves:
-            state, pixels = page.evaluate(STATE, figure.name), live.screenshot()
-            move(page, live, how, which)
-            assert page.evaluate(STATE, figure.name) != state, f"{how} {which}: the data did not change"
-            assert live.screenshot() != pixels, f"{how} {which}: the figure was not drawn again"
-        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        for edition in editions:
+            for page_path in dict.fromkeys(figure.page for figure in FIGURES):
+                visit = reader.open(edition + page_path)
+                page = reader.page
+                on_page = [figure for figure in FIGURES if figure.page == page_path]
+                for screen in SCREENS if edition == "" else ["phone"]:
+                    page.set_viewport_size(SCREENS[screen])
+                    for figure in on_page:
+                        record = Seen(figure, edition, screen, visit=visit)
+                        live = wait_until_live(page, figure.name)
+                        record.shown = live.evaluate(SEEN)
+                        record.box = live.bounding_box()
+                        record.width = page.evaluate("document.documentElement.clientWidth")
+                        for how, which in moves(figure, edition, screen):
+                            state, pixels = page.evaluate(STATE, figure.name), live.screenshot()
+                            move(page, live, how, which, to_end=screen == "phone")
+                            record.moved.append(
+                                (
+                                    how,
+                                    which,
+                                    page.evaluate(STATE, figure.name) != state,
+                                    live.screenshot() != pixels,
+                                )
+                            )
+                        record.scroll_width = page.evaluate("document.documentElement.scrollWidth")
+                        if screen == "desktop":  # (the English pages: the figures are the same)
+                            live.evaluate(EAGER_STILL)
+                            page.emulate_media(media="print")
+                            page.wait_for_function(STILL_LOADED, arg=figure.name)
+                            record.printed = live.evaluate(SEEN)
+                            page.emulate_media(media="screen")
+                        found.append(record)
     finally:
         reader.close()
-    assert visit.console_errors == []
-    assert visit.external_requests == []
-    assert visit.failed_requests == []
+    return found
 
 
-@pytest.mark.parametrize("figure", FIGURES, ids=FIGURE_IDS)
-def test_the_chinese_edition_draws_the_figures(browser, site, html, figure: Figure):
-    """The Chinese pages show the same figures (their cells' outputs come from the English build)."""
-    if not (html / CHINESE).is_dir():
-        pytest.skip("this book was built without its Chinese edition")
-    reader, visit = open_reader(browser, site, CHINESE + figure.page, "phone")
-    try:
-        page = reader.page
-        live = wait_until_live(page, figure.name)
-        how, which = figure.moves[0]
-        state = page.evaluate(STATE, figure.name)
-        move(page, live, how, which)
-        assert page.evaluate(STATE, figure.name) != state
-        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-    finally:
-        reader.close()
-    assert visit.console_errors == [] and visit.external_requests == [] and visit.failed_requests == []
+def moves(figure: Figure, edition: str, screen: str) -> tuple[tuple[str, object], ...]:
+    """The moves made on a figure: all of them at desktop width, then again in the reverse order at phone
+    width (a button pressed again before the sliders it enables are dragged the other way); the Chinese
+    pages' first move only."""
+    if edition:
+        return figure.moves[:1]
+    return figure.moves if screen == "desktop" else figure.moves[::-1]
 
 
-@pytest.mark.parametrize("figure", FIGURES, ids=FIGURE_IDS)
-def test_without_javascript_the_still_image_shows(browser, site, figure: Figure):
+EAGER_STILL = "(figure) => figure.closest('.cell_output').querySelector('img').loading = 'eager'"
+STILL_LOADED = (
+    "(name) => document.querySelector(`[data-course-figure='${name}']`)"
+    ".closest('.cell_output').querySelector('img').complete"
+)
+
+
+def test_every_figure_is_seen_on_both_editions(seen, html):
+    chinese = 1 if (html / CHINESE).is_dir() else 0
+    assert len(seen) == len(FIGURES) * (len(SCREENS) + chinese)
+    assert {record.figure.name for record in seen} == set(FIGURE_IDS)
+
+
+def test_on_screen_the_live_figure_shows_not_its_still(seen):
+    assert [
+        (r.figure.name, r.edition, r.screen, r.shown) for r in seen if not r.shown["live"] or r.shown["still"]
+    ] == []
+
+
+def test_each_figure_fits_the_column_at_a_readable_size(seen):
+    def misfit(record: Seen) -> bool:
+        box = record.box
+        return (
+            box["x"] < 0
+            or box["x"] + box["width"] > record.width
+            or record.scroll_width > record.width
+            or box["height"] <= 200
+        )
+
+    assert [(r.figure.name, r.edition, r.screen, r.box, r.width) for r in seen if misfit(r)] == []
+
+
+def test_each_control_changes_the_figure(seen):
+    """Moving a control changes the data of the figure's models and its pixels, at both widths; on the
+    Chinese pages, each figure's first control."""
+    unchanged = [
+        (r.figure.name, r.edition, r.screen, how, which, "data" if not data else "pixels")
+        for r in seen
+        for how, which, data, pixels in r.moved
+        if not (data and pixels)
+    ]
+    assert unchanged == []
+    assert all(len(r.moved) == (len(r.figure.moves) if r.edition == "" else 1) for r in seen)
+
+
+def test_print_shows_the_still_image_not_the_live_figure(seen):
+    printed = [r for r in seen if r.screen == "desktop"]
+    assert (
+        printed
+        and [
+            (r.figure.name, r.edition, r.printed)
+            for r in printed
+            if not r.printed["still"] or r.printed["live"]
+        ]
+        == []
+    )
+
+
+def test_figure_pages_log_no_error_and_request_nothing_outside(seen):
+    visits = {id(r.visit): r.visit for r in seen}.values()
+    assert [
+        (v.page, v.console_errors, v.external_requests, v.failed_requests)
+        for v in visits
+        if v.console_errors or v.external_requests or v.failed_requests
+    ] == []
+
+
+@pytest.mark.parametrize("page_path", dict.fromkeys(figure.page for figure in FIGURES))
+def test_without_javascript_the_still_images_show(browser, site, page_path: str):
     context = browser.new_context(viewport=PHONE, java_script_enabled=False)
     try:
         page = context.new_page()
-        page.goto(site + figure.page, wait_until="load")
-        found = figure_on(page, figure.name)
-        found.evaluate("(figure) => figure.closest('.cell_output').querySelector('img').loading = 'eager'")
-        page.wait_for_function(
-            "(name) => document.querySelector(`[data-course-figure='${name}']`)"
-            ".closest('.cell_output').querySelector('img').complete",
-            arg=figure.name,
-        )
-        seen = found.evaluate(SEEN)
-        assert seen["still"] and not seen["live"], seen
-        assert len(seen["alt"]) >= 20, seen["alt"]
-        assert found.bounding_box()["height"] < 5  # the live figure's place takes no room
+        page.goto(site + page_path, wait_until="load")
+        for figure in FIGURES:
+            if figure.page != page_path:
+                continue
+            found = figure_on(page, figure.name)
+            found.evaluate(EAGER_STILL)
+            page.wait_for_function(STILL_LOADED, arg=figure.name)
+            shown = found.evaluate(SEEN)
+            assert shown["still"] and not shown["live"], (figure.name, shown)
+            assert len(shown["alt"]) >= 20, shown["alt"]
+            assert found.bounding_box()["height"] < 5  # the live figure's place takes no room
     finally:
         context.close()
-
-
-@pytest.mark.parametrize("figure", FIGURES, ids=FIGURE_IDS)
-def test_print_shows_the_still_image_not_the_live_figure(browser, site, figure: Figure):
-    reader, visit = open_reader(browser, site, figure.page, "desktop")
-    try:
-        page = reader.page
-        live = wait_until_live(page, figure.name)
-        live.evaluate("(figure) => figure.closest('.cell_output').querySelector('img').loading = 'eager'")
-        page.emulate_media(media="print")
-        page.wait_for_function(
-            "(name) => document.querySelector(`[data-course-figure='${name}']`)"
-            ".closest('.cell_output').querySelector('img').complete",
-            arg=figure.name,
-        )
-        seen = live.evaluate(SEEN)
-        assert seen["still"] and not seen["live"], seen
-    finally:
-        reader.close()
-    assert visit.console_errors == []
 
 
 # --- the built pages, read as files
