@@ -23,6 +23,7 @@ from pathlib import Path
 import bokeh
 import pytest
 from playwright.sync_api import Locator, Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.test_browser import CHINESE, DESKTOP, PHONE, Reader, Visit, book_pages, browser, html, site  # noqa: F401
 
@@ -126,7 +127,19 @@ def move(page: Page, figure: Locator, how: str, which: object, to_end: bool = Fa
         page.mouse.up()
     else:
         figure.get_by_role("button", name=which, exact=True).click()
-    page.wait_for_timeout(300)  # the callback runs, the canvas is drawn again
+
+
+def changed_from(page: Page, name: str, before: str) -> bool:
+    """Whether the figure's models leave the state ``before`` within a second (the callback runs when the
+    control moves), then once the canvas has been drawn again (two animation frames later)."""
+    try:
+        page.wait_for_function(
+            f"([name, before]) => ({STATE})(name) !== before", arg=[name, before], timeout=1_000
+        )
+    except PlaywrightTimeoutError:
+        return False
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+    return True
 
 
 @dataclass
@@ -174,14 +187,8 @@ def seen(browser, site, html) -> list[Seen]:
                         for how, which in moves(figure, edition, screen):
                             state, pixels = page.evaluate(STATE, figure.name), live.screenshot()
                             move(page, live, how, which, to_end=screen == "phone")
-                            record.moved.append(
-                                (
-                                    how,
-                                    which,
-                                    page.evaluate(STATE, figure.name) != state,
-                                    live.screenshot() != pixels,
-                                )
-                            )
+                            changed = changed_from(page, figure.name, state)
+                            record.moved.append((how, which, changed, live.screenshot() != pixels))
                         record.scroll_width = page.evaluate("document.documentElement.scrollWidth")
                         if screen == "desktop":  # (the English pages: the figures are the same)
                             live.evaluate(EAGER_STILL)

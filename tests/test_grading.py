@@ -4,15 +4,14 @@ In scratch course directories (each holding several assignments), with the cours
 and nbgrader's own commands: ``generate_assignment``, ``autograde`` and ``generate_feedback`` of a solved
 submission, the blank release, buggy submissions (wrong functions from the bank, in two submissions), and a
 submission that deleted and edited test cells and prints to stderr. Each gets the points expected, and
-``attention-grade`` gives the same points, cell by cell. ``nbgrader validate`` passes on every source
-notebook, and ``nbgrader validate --invert`` finds that no test cell of a release passes (one release; the
-blank submissions show it for every assignment).
+``attention-grade`` gives the same points, cell by cell. ``nbgrader validate`` passes on a source notebook,
+and ``nbgrader validate --invert`` finds that no test cell of a release passes (one of each: for every
+assignment, the solved submissions show the first and the blank ones the second).
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,34 +235,24 @@ def test_the_course_grader_explains_failures(round_trip):
     assert all("stderr" in c.message for c in results[CHATTY].cells if c.points == 0)
 
 
-# `nbgrader validate` checks one notebook after another in one command, each in a kernel of its own: one
-# command for every source notebook instead of one per notebook saves nbgrader's start-up (about 6 s on 2
-# cores) ten times. When the command does not print success once per notebook, each test validates its own
-# notebook alone, so that a failure shows that notebook's output.
 SUCCESS = {
     False: "Success! Your notebook passes all the tests.",
     True: "Success! The notebook does not pass any tests.",
 }
 
 
-@pytest.fixture(scope="module")
-def validated_together() -> subprocess.CompletedProcess:
-    """The one ``nbgrader validate`` command of every source notebook."""
-    return nbgrader("validate", *(str(ASSIGNMENTS[a].source(ROOT)) for a in PRESENT), cwd=ROOT)
-
-
-def _validate(notebook: Path, invert: bool, together: subprocess.CompletedProcess | None = None) -> None:
-    success = SUCCESS[invert]
-    if together is not None and together.returncode == 0 and together.stdout.count(success) == len(PRESENT):
-        return  # every notebook of the command succeeded, this one included
+def _validate(notebook: Path, invert: bool) -> None:
     validated = nbgrader("validate", *(["--invert"] if invert else []), str(notebook), cwd=ROOT)
-    assert success in validated.stdout, validated.stdout + validated.stderr
+    assert SUCCESS[invert] in validated.stdout, validated.stdout + validated.stderr
 
 
 @pytest.mark.xdist_group("validate")
-@pytest.mark.parametrize("assignment", PRESENT)
-def test_nbgrader_validate_passes_on_the_source(assignment, validated_together):
-    _validate(ASSIGNMENTS[assignment].source(ROOT), False, validated_together)
+def test_nbgrader_validate_passes_on_a_source():
+    """``nbgrader validate`` works with the course's configuration, on one source notebook (each notebook
+    costs it a kernel, about 2.5 s on 2 cores). That every source's solutions pass every test cell, hidden
+    parts included, is shown for every assignment by its round trip: the release filled with the reference
+    solutions (``solved``) gets full points from ``nbgrader autograde``."""
+    _validate(ASSIGNMENTS["ex02_scaled_dot_product"].source(ROOT), False)
 
 
 @pytest.mark.xdist_group("validate")
