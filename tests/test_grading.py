@@ -2,11 +2,11 @@
 
 In scratch course directories (each holding several assignments), with the course's nbgrader_config.py
 and nbgrader's own commands: ``generate_assignment``, ``autograde`` and ``generate_feedback`` of a solved
-submission, the blank release, buggy submissions (wrong functions from the bank, in two submissions), and a
-submission that deleted and edited test cells and prints to stderr. Each gets the points expected, and
-``attention-grade`` gives the same points, cell by cell. ``nbgrader validate`` passes on a source notebook,
-and ``nbgrader validate --invert`` finds that no test cell of a release passes (one of each: for every
-assignment, the solved submissions show the first and the blank ones the second).
+submission, the blank release, buggy submissions (wrong functions from the bank, in two submissions), and,
+for three assignments, a submission that deleted and edited test cells and prints to stderr. Each gets the
+points expected, and ``attention-grade`` gives the same points, cell by cell. ``nbgrader validate`` passes on
+a source notebook, and ``nbgrader validate --invert`` finds that no test cell of a release passes (one of
+each: for every assignment, the solved submissions show the first and the blank ones the second).
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ pytestmark = pytest.mark.slow
 PRESENT = [name for name, assignment in sorted(ASSIGNMENTS.items()) if assignment.source(ROOT).exists()]
 # prints to stderr in its last function, and has deleted and edited test cells
 CHATTY = "prints-to-stderr-edits-tests"
+# The promises of the CHATTY submission are the graders', whatever the exercise: it is made for one
+# assignment of each round-trip course below (a notebook more costs nbgrader a kernel, about 4 s loaded)
+CHATTY_IN = ("ex01_attention_pooling", "ex02_scaled_dot_product", "ex11_tiled_attention")
 WRITTEN_ANSWER = "Because the queries come from the target, which is generated left to right..."
 
 
@@ -92,6 +95,8 @@ def submissions(exercise: Exercise) -> list[Submission]:
         buggy = fill_solutions(release, sources)
         name = "-".join(candidate.function for candidate in group)
         result.append(Submission(f"buggy-{name}", buggy, {**expected, **dict.fromkeys(manual, 0.0)}))
+    if exercise.assignment.id not in CHATTY_IN:
+        return result
     # one submission for three promises, each seen in its points (each submission costs nbgrader a kernel):
     # a function that prints to stderr gets 0 in every test cell that shows it, from nbgrader; a deleted test
     # cell and edited ones come back from the source, hidden tests included (left as the learner made them,
@@ -232,7 +237,8 @@ def test_the_course_grader_explains_failures(round_trip):
                 assert cell.message, f"{result.student}/{cell.grade_id} failed without a message"
     blank = results["blank"]
     assert all("not implemented yet" in c.message for c in blank.cells if c.kind == "auto")
-    assert all("stderr" in c.message for c in results[CHATTY].cells if c.points == 0)
+    if CHATTY in results:
+        assert all("stderr" in c.message for c in results[CHATTY].cells if c.points == 0)
 
 
 SUCCESS = {

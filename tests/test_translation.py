@@ -22,7 +22,8 @@ from markdown_it import MarkdownIt
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.xdist_group("translation")
+# with the book's tests, on the worker that builds the book: in `make test` the other worker has more to do
+pytestmark = pytest.mark.xdist_group("book")
 LOCALES = ROOT / "locales"
 LANGUAGES = ["zh_CN"]
 
