@@ -8,7 +8,8 @@ import pytest
 from attention_course.grading.sandbox import Limits
 from benchmarks.repeat_grading import bank_submissions, differences, repeat
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("repeat")]
+# on the worker that builds the book: in `make test` the other worker has more to do
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
 
 
 def test_the_same_bank_graded_three_times_gets_the_same_points_cell_by_cell(tmp_path):
