@@ -59,6 +59,35 @@ def test_a_function_that_calls_the_checks_own_computation_earns_no_value_points(
     ex02.softmax_matches_torch(written)
 
 
+def test_what_the_garbage_collector_finalises_during_a_call_is_not_the_learner_s():
+    """A half-consumed generator of the checks, left in a reference cycle by an earlier check (a failure's
+    traceback holds its frame), is closed by the collector whenever an allocation passes the threshold, in
+    the learner's code too: the generator resumes with the learner's frame as its caller. Once a correct
+    ex11 submission was told it "calls the course's own attention_course.checks.ex10.operations" so."""
+    import gc
+    import weakref
+
+    from attention_course.checks import ex10
+
+    namespace: dict = {}
+    exec("def f(query):\n    kept = [[i] for i in range(5000)]\n    return query * 2\n", namespace)
+
+    def leave_garbage() -> weakref.ref:
+        operations = ex10.operations("a0:5 a0:2")
+        next(operations)
+        cycle: list = [operations]
+        cycle.append(cycle)
+        return weakref.ref(operations)
+
+    gc.collect()
+    left = leave_garbage()
+    call = engine.Call("f", {"query": torch.zeros(2, 3)})
+    outcome = engine.execute(namespace["f"], call)
+    assert left() is None  # the collector closed it during the call
+    assert not [call for call in outcome.calls if call[0].startswith("attention_course.")], outcome.calls
+    engine._judge_calls(call, outcome)
+
+
 def test_a_float64_result_computed_in_float32_gets_the_precision_hint():
     scores = torch.randn(4, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
     expected = torch.softmax(scores, -1)

@@ -57,6 +57,8 @@ TRICKS = {
     "the profiler": ("import sys\nsys.setprofile(None)", 2, "sys.setprofile"),
     "the profiler, by import from": ("from sys import settrace", 1, "sys.settrace"),
     "ctypes": ("import ctypes", 1, "ctypes"),
+    "a finaliser": ("class Box:\n    def __del__(self):\n        print(self)", 2, "__del__"),
+    "weakref.finalize": ("import weakref\nweakref.finalize(object(), print)", 1, "weakref"),
     "map over a built-in": (
         "import torch\ndef softmax(x, dim=-1):\n    return next(map(torch.softmax, [x], [dim]))",
         3,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import copy
 import functools
+import gc
 import hashlib
 import importlib
 import inspect
@@ -302,7 +303,8 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
 
     :func:`sys.setprofile` sees Python functions on entry and C functions (``torch.softmax``, SDPA) when
     called, so that neither an alias nor a helper hides a built-in; the learner's own functions (its globals)
-    and imports are left out, and a canary proves that the profiler works (else not ``observed``). Torch's
+    and imports are left out, and so is what the garbage collector runs meanwhile (finalisers of objects that
+    earlier code left behind), and a canary proves that the profiler works (else not ``observed``). Torch's
     global generators are seeded with ``seed`` and restored, so that the outcome never depends on what ran
     before. ``BaseException`` s (a time limit's ``KeyboardInterrupt``) are not caught, and an accelerator's
     error (:func:`~attention_course.device.is_accelerator_fault`, such as a CUDA device-side assert) is raised
@@ -314,11 +316,18 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
     seen: dict[tuple[str, str], None] = {}
     listening = [True]  # off before the profiler is restored, so that the engine's own calls are left out
     importing = [0]  # an import runs module code (class bodies, registrations) that is not the learner's
+    # the cyclic garbage collector runs whenever an allocation passes its threshold, in the learner's code
+    # too, and finalises what earlier code left behind (a half-consumed generator of the checks resumes to
+    # close, with the learner's frame as its caller): not the learner's calls
+    collecting = [False]
+
+    def collector(phase: str, info: dict[str, int]) -> None:
+        collecting[0] = phase == "start"
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
         if frame.f_code is _FIND_AND_LOAD and event in ("call", "return"):
             importing[0] += 1 if event == "call" else -1
-        if not listening[0] or importing[0]:
+        if not listening[0] or importing[0] or collecting[0]:
             return
         if event == "call" and frame.f_globals is not owner:
             # the checks' own frames are left out, unless the learner called one: they compute answers too
@@ -341,6 +350,7 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
         else:
             target = functools.partial(fn, *args, **kwargs)
         previous = _GETPROFILE()
+        gc.callbacks.append(collector)
         _SETPROFILE(profile)
         try:
             len(())  # the canary
@@ -353,6 +363,8 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
             listening[0] = False
             intact = _GETPROFILE() is profile
             _SETPROFILE(previous)
+            if collector in gc.callbacks:  # (the learner's code may have emptied the list)
+                gc.callbacks.remove(collector)
     if error is not None and is_accelerator_fault(type(error).__name__, str(error)):
         # the device is unusable in this process from now on, so every later call would fail for this one's
         # fault: raised, not recorded (the grader starts a new kernel for the cells after this one)

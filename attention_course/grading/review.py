@@ -21,9 +21,12 @@ cells, which the grader restores from the assignment) and reports:
   literal they are an attribute's access, which the analysis reads), ``setattr`` on an imported module;
 - modules that run code elsewhere or reach into the interpreter or the grader: ``threading``, ``_thread``,
   ``concurrent``, ``multiprocessing``, ``asyncio``, ``signal``, ``ctypes``, ``importlib``, ``builtins``,
-  ``gc``, ``inspect``, ``atexit``, ``IPython``, ``sys.setprofile``/``settrace``/``modules``/``_getframe``, and
-  the course's own ``attention_course.grading`` and ``attention_course.checks``;
+  ``gc``, ``inspect``, ``atexit``, ``weakref``, ``IPython``, ``sys.setprofile``/``settrace``/``modules``/
+  ``_getframe``, and the course's own ``attention_course.grading`` and ``attention_course.checks``;
 - IPython's event hooks (``get_ipython``, ``events.register``, ``post_run_cell``, ...);
+- a finaliser (a method ``__del__``): the garbage collector runs it whenever an allocation passes its
+  threshold, and the recorder leaves out what the collector runs (finalisers of objects that earlier code
+  left behind are not the learner's calls);
 - assignments to an attribute of an imported module or name (``recorder.execute = ...``, ``torch.exp = ...``);
 - a built-in (a C function) passed as a value rather than called, whose name a "from scratch" rule of the
   course forbids (``map(torch.softmax, ...)``, ``functools.partial(F.scaled_dot_product_attention)``).
@@ -85,6 +88,7 @@ MODULES = {
     "gc": "can reach every object of the kernel, the recorder's included",
     "inspect": "can reach the frames and code of the recorder",
     "atexit": "runs code outside the call being recorded",
+    "weakref": "runs code when an object is freed, which the recorder does not watch",
     "IPython": "can hook IPython's cell execution, around the test cells",
     "attention_course.grading": "imports the grader's own recorder",
     "attention_course.checks": "imports the course's checks",
@@ -238,6 +242,8 @@ def review(notebook: NotebookNode) -> list[Finding]:
                         found(node, f"imports {name}, which {reason}")
                     elif node.module == "sys" and alias.name in SYS_ATTRIBUTES:
                         found(node, f"uses sys.{alias.name}, which reaches the recorder's machinery")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "__del__":
+                found(node, "defines __del__, which the garbage collector runs outside the recorded calls")
             elif isinstance(node, ast.Name) and node.id == "__import__":
                 call = parents.get(node)
                 literal = (
