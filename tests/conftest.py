@@ -4,12 +4,15 @@ The checks work on tiny tensors, for which torch's thread pool costs more than i
 several kernels running at once on a small machine; kernels started by the tests inherit the setting.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -21,15 +24,73 @@ import torch  # after the environment variable, which torch reads on import
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the chapters that train models (tests/test_book.py proves the list complete)
+TRAINING_CHAPTERS = ("06_cross_attention", "07_transformer_block", "08_positions")
+#: executes the chapter ``argv[1]`` (a MyST file) top to bottom into the notebook ``argv[2]``, in a kernel
+#: that inherits this process's environment
+RERUN = """
+import sys
+import jupytext
+import nbclient
+import nbformat
+notebook = jupytext.read(sys.argv[1])
+client = nbclient.NotebookClient(
+    notebook, timeout=900, kernel_name="python3", shutdown_kernel="immediate",
+    resources={"metadata": {"path": str(__import__("pathlib").Path(sys.argv[1]).parent)}},
+)
+client.execute()
+nbformat.write(notebook, sys.argv[2])
+"""
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """A training chapter executed again in a kernel of its own, with ``OMP_NUM_THREADS=2`` (the book's
+    build runs every chapter with 1), started beside the build: it needs nothing the build makes."""
+
+    process: subprocess.Popen
+    notebook: Path
+
+    @classmethod
+    def start(cls, name: str, folder: Path) -> Rerun:
+        environment = {**os.environ, "OMP_NUM_THREADS": "2"}
+        notebook = folder / f"{name}.ipynb"
+        chapter = ROOT / "chapters" / f"{name}.md"
+        process = subprocess.Popen(
+            [sys.executable, "-c", RERUN, str(chapter), str(notebook)],
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its kernel in its process group, killed with it
+        )
+        return cls(process, notebook)
+
+    def stop(self) -> None:
+        """Kill the run and its kernel if it is still going (its test did not run)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.communicate()
+
+    def result(self) -> Path:
+        """The executed notebook, once the run has ended; the calling test fails with the run's log if it
+        failed."""
+        log, _ = self.process.communicate()
+        if self.process.returncode != 0:
+            pytest.fail(f"the chapter failed to execute with 2 threads:\n{log[-5000:]}", pytrace=False)
+        return self.notebook
 
 
 @dataclass(frozen=True)
 class BookBuild:
-    """One run of `make book`'s command: its exit status, its log, and where the HTML went."""
+    """One run of `make book`'s command: its exit status, its log, and where the HTML went; and the training
+    chapters executed again with two threads meanwhile (:class:`Rerun`)."""
 
     returncode: int
     log: str
     html: Path
+    reruns: dict[str, Rerun] = field(default_factory=dict)
 
     def failed_chapters(self) -> dict[str, str]:
         """{chapter's name: the log of its failed execution} for each page whose execution failed.
@@ -63,21 +124,36 @@ class BookBuild:
 
 
 @pytest.fixture(scope="session")
-def built_book(tmp_path_factory) -> BookBuild:
+def built_book(request, tmp_path_factory) -> Iterator[BookBuild]:
     """The book built once per test session, both editions (`make book`), warnings as errors, into a
     temporary folder: the English one in ``html``, the Chinese one in ``html/zh``.
+
+    The training chapters' second executions (:class:`Rerun`) run beside the build: on a machine whose
+    cores other processes also want, the tests' share of them grows with the processes they run at once.
 
     While working on the browser tests, ``BOOK_HTML=_build/html`` reuses a book built before (by `make
     book`) instead; the build itself is then not tested.
     """
-    if os.environ.get("BOOK_HTML"):
-        return BookBuild(0, "", Path(os.environ["BOOK_HTML"]).resolve())
-    output = tmp_path_factory.mktemp("book")
-    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    command = [sys.executable, str(ROOT / "_ext" / "build_book.py"), "--path-output", str(output)]
-    with busy_processes(2):
-        built = subprocess.run(command, env=environment, capture_output=True, text=True)
-    return BookBuild(built.returncode, built.stdout + built.stderr, output / "_build" / "html")
+    folder = tmp_path_factory.mktemp("two-threads")
+    collected = {item.name for item in request.session.items}
+    reruns = {
+        name: Rerun.start(name, folder)
+        for name in TRAINING_CHAPTERS
+        if f"test_a_training_chapter_prints_the_same_numbers_with_two_threads[{name}]" in collected
+    }
+    try:
+        if os.environ.get("BOOK_HTML"):
+            yield BookBuild(0, "", Path(os.environ["BOOK_HTML"]).resolve(), reruns)
+            return
+        output = tmp_path_factory.mktemp("book")
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+        command = [sys.executable, str(ROOT / "_ext" / "build_book.py"), "--path-output", str(output)]
+        with busy_processes(2):
+            built = subprocess.run(command, env={**os.environ, "PATH": path}, capture_output=True, text=True)
+        yield BookBuild(built.returncode, built.stdout + built.stderr, output / "_build" / "html", reruns)
+    finally:
+        for rerun in reruns.values():
+            rerun.stop()
 
 
 @contextlib.contextmanager

@@ -28,7 +28,12 @@ from tests.banks import _bank
 from tests.notebook_tools import ROOT, fill_solutions, load_exercise, reference_sources
 
 ASSIGNMENT = "ex02_scaled_dot_product"
-ENVIRONMENT = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+# the commands' own pytest runs take no options from the outer run's (PYTEST_ADDOPTS="-v" changes what
+# --collect-only prints)
+ENVIRONMENT = {
+    **{name: value for name, value in os.environ.items() if name != "PYTEST_ADDOPTS"},
+    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+}
 WRONG = {
     "few-samples": "dot_product_variance__only_100_samples",
     "no-scale": "scaled_dot_product_attention__no_scale",

@@ -9,7 +9,7 @@ import jupytext
 import nbformat
 import pytest
 
-from tests.conftest import ROOT, BookBuild
+from tests.conftest import ROOT, TRAINING_CHAPTERS, BookBuild
 
 # one xdist worker builds the book for every test that reads it (make test runs with --dist loadgroup)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("book")]
@@ -133,9 +133,6 @@ def test_a_chapter_that_fails_to_execute_is_named_once(tmp_path):
 
 
 # The chapters that train models: their asserted numbers depend on the trained weights.
-TRAINING_CHAPTERS = ("06_cross_attention", "07_transformer_block", "08_positions")
-
-
 def _printed(notebook: nbformat.NotebookNode) -> list[list[str]]:
     """What each code cell printed or displayed as text, in order; cells tagged ``timing`` left out (they
     print how long something took, which no two runs share).
@@ -169,30 +166,21 @@ def test_training_chapters_are_listed():
 
 
 @pytest.mark.parametrize("name", TRAINING_CHAPTERS)
-def test_a_training_chapter_prints_the_same_numbers_with_two_threads(built_book, name, monkeypatch):
-    """The book's build runs every chapter with ``OMP_NUM_THREADS=1`` (tests/conftest.py); run again with 2,
-    a chapter that trains prints exactly the same text: the same losses, accuracies and generated text.
+def test_a_training_chapter_prints_the_same_numbers_with_two_threads(built_book, name):
+    """The book's build runs every chapter with ``OMP_NUM_THREADS=1`` (tests/conftest.py); run again with 2
+    (beside the build, :class:`tests.conftest.Rerun`), a chapter that trains prints exactly the same text:
+    the same losses, accuracies and generated text.
 
     Without ``make_reproducible`` at its top, a chapter's models train with as many threads as the
     environment gives, and the sums inside each product are added in another order: the weights, and what
     the chapter prints of them, differ in the last digits or more.
     """
-    import nbclient
-
     failed = built_book.failed_chapters()
     if name in failed:
         pytest.skip(f"{name} failed to execute in the book's build (its own test fails)")
     built = built_book.html.parent / "jupyter_execute" / "chapters" / f"{name}.ipynb"
-    notebook = jupytext.read(ROOT / "chapters" / f"{name}.md")
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the kernel inherits the environment
-    nbclient.NotebookClient(
-        notebook,
-        timeout=900,
-        kernel_name="python3",
-        shutdown_kernel="immediate",
-        resources={"metadata": {"path": str(ROOT / "chapters")}},
-    ).execute()
-    assert _printed(notebook) == _printed(nbformat.read(built, as_version=4))
+    again = nbformat.read(built_book.reruns[name].result(), as_version=4)
+    assert _printed(again) == _printed(nbformat.read(built, as_version=4))
 
 
 def _text(page: Path) -> str:
