@@ -27,18 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the chapters that train models (tests/test_book.py proves the list complete)
 TRAINING_CHAPTERS = ("06_cross_attention", "07_transformer_block", "08_positions")
 #: executes the chapter ``argv[1]`` (a MyST file) top to bottom into the notebook ``argv[2]``, in a kernel
-#: that inherits this process's environment
+#: that inherits this process's environment, over Unix sockets (two kernels started at once over TCP now and
+#: then pick the same port)
 RERUN = """
-import sys
-import jupytext
-import nbclient
-import nbformat
+import sys, tempfile
+from pathlib import Path
+import jupytext, nbclient, nbformat
+from jupyter_client.manager import KernelManager
 notebook = jupytext.read(sys.argv[1])
-client = nbclient.NotebookClient(
-    notebook, timeout=900, kernel_name="python3", shutdown_kernel="immediate",
-    resources={"metadata": {"path": str(__import__("pathlib").Path(sys.argv[1]).parent)}},
-)
-client.execute()
+with tempfile.TemporaryDirectory() as sockets:
+    kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+    client = nbclient.NotebookClient(
+        notebook, km=kernel, timeout=900, shutdown_kernel="immediate",
+        resources={"metadata": {"path": str(Path(sys.argv[1]).parent)}},
+    )
+    client.execute()
 nbformat.write(notebook, sys.argv[2])
 """
 

@@ -70,6 +70,20 @@ def test_chapter_executes_top_to_bottom(built_book: BookBuild, chapter: Path):
     assert not errors
 
 
+@pytest.mark.parametrize("edition", ["", "zh"])
+def test_a_chapter_s_download_is_the_executed_notebook(built_book: BookBuild, edition: str):
+    """The page's download button (``_sources/chapters/<name>.ipynb``) gives the notebook with its outputs,
+    in both editions, although every page's outputs came from the cache (myst-nb writes there the notebook
+    as it read the page; _ext/build_book.py writes the executed one)."""
+    html = built_book.require() / edition
+    for chapter in CHAPTERS:
+        executed = built_book.html.parent / "jupyter_execute" / "chapters" / f"{chapter.stem}.ipynb"
+        download = html / "_sources" / "chapters" / f"{chapter.stem}.ipynb"
+        outputs = [cell.get("outputs") for cell in nbformat.read(download, as_version=4).cells]
+        assert outputs == [cell.get("outputs") for cell in nbformat.read(executed, as_version=4).cells]
+        assert any(outputs), chapter.name
+
+
 def test_book_builds_without_warnings(built_book: BookBuild):
     """The build passes with warnings as errors. A chapter that failed to execute fails its own test above,
     not this one too."""

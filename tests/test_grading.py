@@ -13,6 +13,8 @@ tests/test_checks.py the second on the blank stubs).
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from attention_course.grading.sandbox import Limits
 from attention_course.grading.submission import Job, SubmissionResult
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank
-from tests.grading_course import nbgrader, write_config
+from tests.grading_course import ENVIRONMENT, nbgrader, write_config
 from tests.notebook_tools import (
     ROOT,
     Exercise,
@@ -168,8 +170,24 @@ def grade_course(assignments: list[str], course: Path) -> dict[str, RoundTrip]:
             path.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(case.notebook, path)
             paths[assignment][case.student] = path
-    autograded = nbgrader("autograde", "*", "--force", cwd=course)
-    assert autograded.returncode == 0, autograded.stdout + autograded.stderr
+    # nbgrader autograde and attention-grade at once: neither reads what the other writes (autograded/ and
+    # the gradebook; nothing), and on a machine whose cores other processes want too, two take more of them
+    autograding = subprocess.Popen(
+        [sys.executable, "-m", "nbgrader", "autograde", "*", "--force"],
+        cwd=course,
+        env=ENVIRONMENT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        # attention-grade: every assignment of the course in one batch on one sandbox (its fork servers
+        # import torch once for all of them)
+        batch = [Job(a, s, path, course, Limits()) for a in assignments for s, path in paths[a].items()]
+        ours = grade_jobs(batch)
+    finally:
+        log, _ = autograding.communicate()
+    assert autograding.returncode == 0, log
 
     from nbgrader.api import Gradebook
 
@@ -189,11 +207,6 @@ def grade_course(assignments: list[str], course: Path) -> dict[str, RoundTrip]:
     for assignment, submitted in cases.items():
         for case in submitted:
             assert (course / "feedback" / case.student / assignment / f"{assignment}.html").is_file()
-    # attention-grade: every assignment of the course in one batch on one sandbox (its fork servers import
-    # torch once for all of them)
-    ours = grade_jobs(
-        [Job(a, student, path, course, Limits()) for a in assignments for student, path in paths[a].items()]
-    )
     round_trips = {}
     for assignment, submitted in cases.items():
         results = {result.student: result for result in ours if result.assignment == assignment}
