@@ -46,8 +46,11 @@ book: $(VENV)/.installed
 locales: $(VENV)/.installed
 	PATH="$(BIN):$$PATH" $(BIN)/python _ext/build_book.py --gettext
 
+# one test worker more than the cores: the book's worker spends much of its time waiting on the processes it
+# started (the chapters' kernels, the browser), and on a busy machine more processes get more of the cores
 test: $(VENV)/.installed chromium postgresql
-	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=40
+	$(BIN)/python -m pytest -n $$($(BIN)/python -c 'import os; print(len(os.sched_getaffinity(0)) + 1)') \
+		--dist loadgroup --durations=40
 
 # ASSIGNMENT's default is for `make grade`: `make release` releases one assignment only when it is given
 release: $(VENV)/.installed
