@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -68,6 +69,19 @@ def test_chapter_executes_top_to_bottom(built_book: BookBuild, chapter: Path):
     assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))
     errors = [output for cell in code for output in cell.outputs if output.output_type == "error"]
     assert not errors
+
+
+def test_each_chapter_is_executed_once_before_sphinx_reads_it(built_book: BookBuild):
+    """``make book`` executes the chapters side by side into the jupyter-cache (_ext/build_book.py), and
+    both editions' builds find every chapter there: were the notebook it caches not the one myst-nb makes of
+    the page (another hash), the build would execute each chapter again, one after another."""
+    built_book.require()
+    if os.environ.get("BOOK_HTML"):
+        pytest.skip("BOOK_HTML: a book built before is read, its build is not tested")
+    for chapter in CHAPTERS:
+        assert f"{chapter.name} executed in" in built_book.log, chapter.name
+        assert built_book.log.count(f"chapters/{chapter.name}: Using cached notebook") == 2, chapter.name
+    assert "Executing notebook" not in built_book.log
 
 
 @pytest.mark.parametrize("edition", ["", "zh"])
