@@ -24,6 +24,7 @@ messages are added empty, changed ones are marked fuzzy, for a translator to fin
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -48,13 +49,17 @@ EDITIONS = {
 LOCALES = ROOT / "locales"
 
 
+@functools.cache
+def _config() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
 def _read_page(page: Path) -> nbformat.NotebookNode:
     """The notebook myst-nb makes of a MyST page, with the book's MyST extensions."""
     from myst_nb.core.read import read_myst_markdown_notebook
     from myst_parser.config.main import MdParserConfig
 
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    extensions = config.get("parse", {}).get("myst_enable_extensions", [])
+    extensions = _config().get("parse", {}).get("myst_enable_extensions", [])
     markdown = MdParserConfig(enable_extensions=set(extensions))
     return read_myst_markdown_notebook(page.read_text(), config=markdown, add_source_map=True, path=page)
 
@@ -108,10 +113,10 @@ def write_executed_notebooks(build_folder: Path, output: Path) -> None:
             _, executed = cache.merge_match_into_notebook(_read_page(page))
         except KeyError:
             continue  # not executed (it failed): myst-nb wrote what it had
-        name = page.relative_to(ROOT).with_suffix(".ipynb")
+        name, text = page.relative_to(ROOT).with_suffix(".ipynb"), nbformat.writes(executed)
         for target in (build_folder / "jupyter_execute" / name, build_folder / "html" / "_sources" / name):
             if target.is_file():
-                target.write_text(nbformat.writes(executed))
+                target.write_text(text)
 
 
 def execute_pages(output: Path, jobs: int) -> None:
@@ -125,8 +130,7 @@ def execute_pages(output: Path, jobs: int) -> None:
     """
     from jupyter_cache.base import CacheBundleIn
 
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    timeout = int(config.get("execute", {}).get("timeout", 30))
+    timeout = int(_config().get("execute", {}).get("timeout", 30))
     cache = _cache(output)
     pending = []
     for page in _notebook_pages():

@@ -68,6 +68,20 @@ def nbgrader(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def start_nbgrader(*arguments: str, cwd: Path) -> subprocess.Popen:
+    """An nbgrader command started in the background (``communicate()`` gives its output): the tests run
+    ``nbgrader autograde`` while attention-grade grades another copy of the same submissions, since neither
+    reads what the other writes, and on a machine whose cores other processes want too two take more."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "nbgrader", *arguments],
+        cwd=cwd,
+        env=ENVIRONMENT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def write_config(folder: Path) -> None:
     """The course's ``nbgrader_config.py`` in the scratch course ``folder``, with nbgrader's kernels over
     Unix sockets in ``folder``, as attention-grade's: over TCP, two kernels started at once by the test's

@@ -13,8 +13,6 @@ tests/test_checks.py the second on the blank stubs).
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,7 @@ from attention_course.grading.sandbox import Limits
 from attention_course.grading.submission import Job, SubmissionResult
 from attention_course.registry import ASSIGNMENTS
 from tests.banks import _bank
-from tests.grading_course import ENVIRONMENT, nbgrader, write_config
+from tests.grading_course import nbgrader, start_nbgrader, write_config
 from tests.notebook_tools import (
     ROOT,
     Exercise,
@@ -170,16 +168,7 @@ def grade_course(assignments: list[str], course: Path) -> dict[str, RoundTrip]:
             path.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(case.notebook, path)
             paths[assignment][case.student] = path
-    # nbgrader autograde and attention-grade at once: neither reads what the other writes (autograded/ and
-    # the gradebook; nothing), and on a machine whose cores other processes want too, two take more of them
-    autograding = subprocess.Popen(
-        [sys.executable, "-m", "nbgrader", "autograde", "*", "--force"],
-        cwd=course,
-        env=ENVIRONMENT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    autograding = start_nbgrader("autograde", "*", "--force", cwd=course)
     try:
         # attention-grade: every assignment of the course in one batch on one sandbox (its fork servers
         # import torch once for all of them)

@@ -25,7 +25,7 @@ import nbformat
 import pytest
 
 from attention_course.grading.cli import main
-from tests.grading_course import ASSIGNMENT, ENVIRONMENT, TIMESTAMP, make_course, nbgrader
+from tests.grading_course import ASSIGNMENT, ENVIRONMENT, TIMESTAMP, make_course, nbgrader, start_nbgrader
 from tests.notebook_tools import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platforms")]
@@ -94,16 +94,7 @@ def graded(tmp_path_factory):
     generated = nbgrader("generate_assignment", ASSIGNMENT, "--force", cwd=course)
     assert generated.returncode == 0, generated.stdout + generated.stderr
     shutil.copytree(course, ours)  # the same gradebook and submissions, before any grading
-    # nbgrader autograde meanwhile, in its own copy of the course (on a machine whose cores other processes
-    # want too, two commands at once take more of them)
-    autograding = subprocess.Popen(
-        [sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT, "--force"],
-        cwd=course,
-        env=ENVIRONMENT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    autograding = start_nbgrader("autograde", ASSIGNMENT, "--force", cwd=course)  # in its own copy
     report = base / "report"
     arguments = [
         ASSIGNMENT,
