@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
 
 from attention_course.registry import ASSIGNMENTS
 from tests.conftest import ROOT, BookBuild
@@ -71,10 +72,11 @@ def page_function(name: str) -> str:
     return "".join(line for line in source.splitlines(keepends=True) if not line.startswith("//"))
 
 
-# one measures a page (after waiting for the maths and the images); the other finds where a chapter
-# defines the functions that an exercise asks for
+# one measures a page (after waiting for the maths and the images); one finds where a chapter defines the
+# functions that an exercise asks for; one waits for a page's typesetting and fonts
 MEASURE = page_function("measure.js")
 DEFINITIONS = page_function("definitions.js")
+SETTLED = page_function("settled.js")
 
 
 @dataclass
@@ -218,6 +220,10 @@ class Reader:
     def open(self, path: str) -> Visit:
         """Load a page at desktop size; what it logs and requests from now on goes to the returned Visit."""
         if self.visit.page:  # let the last page's requests end there, not be aborted and counted here
+            try:  # MathJax asks for its fonts when it typesets, which can be long after the last request
+                self.page.evaluate(SETTLED)
+            except PlaywrightError:  # the page is going somewhere else (a redirect): nothing to wait for
+                pass
             # (Playwright's "networkidle" waits 500 ms of silence after every page: 45 s over the book)
             deadline = time.monotonic() + SETTLE_MS / 1000
             while time.monotonic() < deadline and (
@@ -517,3 +523,38 @@ def test_a_request_that_never_ends_fails_its_own_page_only(browser, tmp_path, mo
             server.shutdown()
     assert len(hangs.failed_requests) == 1 and "/never (still loading 2 s" in hangs.failed_requests[0]
     assert after.failed_requests == []
+
+
+def test_the_next_page_opens_once_the_last_one_has_typeset(browser, tmp_path):
+    """MathJax typesets after the load event and only then asks for its fonts: a page that takes a second
+    to typeset is left once its typesetting is done, so that its requests are not aborted by the next
+    page (the font it asked for would have been counted as a failure of that page)."""
+    (tmp_path / "typesets.html").write_text(
+        "<html><head><script>window.MathJax = {startup: {promise: new Promise((done) => setTimeout("
+        '() => fetch("/font").then((r) => r.text()).then(done), 1000))}};</script></head><body>x</body>'
+    )
+    (tmp_path / "next.html").write_text("<html><body>next</body></html>")
+    served = []
+
+    class Fonts(_QuietHandler):
+        def do_GET(self):
+            if self.path != "/font":
+                return super().do_GET()
+            served.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"font")
+
+    handler = functools.partial(Fonts, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        reader = Reader(browser, f"http://127.0.0.1:{server.server_address[1]}/")
+        try:
+            typesets = reader.open("typesets.html")
+            after = reader.open("next.html")
+        finally:
+            reader.close()
+            server.shutdown()
+    assert served == ["/font"]
+    assert typesets.failed_requests == [] and after.failed_requests == []
