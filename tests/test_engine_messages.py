@@ -88,6 +88,31 @@ def test_what_the_garbage_collector_finalises_during_a_call_is_not_the_learner_s
     engine._judge_calls(call, outcome)
 
 
+def test_a_function_is_seen_when_the_learner_calls_it_whatever_ran_it_before(tmp_path, monkeypatch):
+    """The profiler notes each function once per call (it runs on every event, so it skips what it has
+    noted): a built-in and a function that an import ran first (not the learner's calls) are still seen when
+    the learner calls them afterwards, and one code object run with two modules' globals is seen in each."""
+    (tmp_path / "learners_helpers.py").write_text(
+        "import torch\n\n\ndef helper(x):\n    return x\n\n\n"
+        "helper(torch.special.expit(torch.zeros(1)))  # at import: not the learner's call\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    namespace: dict = {"torch": torch}
+    exec(
+        "import types\n"
+        "def f(query):\n"
+        "    import learners_helpers\n"
+        "    query = learners_helpers.helper(torch.special.expit(query))\n"
+        "    elsewhere = types.FunctionType(learners_helpers.helper.__code__, {'__name__': 'elsewhere'})\n"
+        "    return elsewhere(query)\n",
+        namespace,
+    )
+    outcome = engine.execute(namespace["f"], engine.Call("f", {"query": torch.zeros(2, 3)}))
+    assert outcome.observed and not outcome.raised, outcome
+    assert {("learners_helpers", "helper"), ("elsewhere", "helper")} <= set(outcome.calls), outcome.calls
+    assert any(name == "special_expit" for _, name in outcome.calls), outcome.calls
+
+
 def test_a_float64_result_computed_in_float32_gets_the_precision_hint():
     scores = torch.randn(4, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
     expected = torch.softmax(scores, -1)

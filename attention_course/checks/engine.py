@@ -188,10 +188,7 @@ def inspect_learner(fn: Any) -> Learner:
     sources = (
         [f for f in vars(fn).values() if isinstance(f, types.FunctionType)] if inspect.isclass(fn) else [fn]
     )
-    try:
-        has_source = bool(sources) and all(inspect.getsource(f) for f in sources)
-    except (OSError, TypeError):
-        has_source = False
+    has_source = bool(sources) and all(_has_source(f) for f in sources)
     return Learner(
         describe(fn),
         callable(fn),
@@ -200,6 +197,20 @@ def inspect_learner(fn: Any) -> Learner:
         object_fingerprint(fn),
         has_source,
     )
+
+
+def _has_source(function: types.FunctionType) -> bool:
+    """Whether Python knows the source of ``function`` (the one it wraps, if decorated): its file's lines (a
+    notebook cell's, which IPython registers) reach its first line. That is what :func:`inspect.getsource`
+    needs, without tokenizing the definition (a class's methods took milliseconds in each test cell); code
+    run by ``exec`` of a string has no lines."""
+    try:
+        function = inspect.unwrap(function)  # a decorated function's own source (as inspect.getsource)
+        code, namespace = function.__code__, function.__globals__
+        lines = linecache.getlines(code.co_filename, namespace)
+    except Exception:  # a cycle of __wrapped__, something else than a function, a loader that fails
+        return False
+    return 0 < code.co_firstlineno <= len(lines)
 
 
 def object_fingerprint(fn: Any) -> str:
@@ -314,30 +325,47 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
     args, kwargs = call.copies()
     passed = dict(zip(call.arguments, args, strict=True)) if call.positional else kwargs
     seen: dict[tuple[str, str], None] = {}
-    listening = [True]  # off before the profiler is restored, so that the engine's own calls are left out
-    importing = [0]  # an import runs module code (class bodies, registrations) that is not the learner's
-    # the cyclic garbage collector runs whenever an allocation passes its threshold, in the learner's code
-    # too, and finalises what earlier code left behind (a half-consumed generator of the checks resumes to
-    # close, with the learner's frame as its caller): not the learner's calls
-    collecting = [False]
+    # why no call counts now, as a count: 1 while the engine's own calls run (before the learner's and after
+    # them), 1 per import under way (an import runs module code: class bodies, registrations, not the
+    # learner's), 1 while the cyclic garbage collector runs (it runs whenever an allocation passes its
+    # threshold, in the learner's code too, and finalises what earlier code left behind: a half-consumed
+    # generator of the checks resumes to close, with the learner's frame as its caller)
+    quiet, collecting = [0], [False]
+    recorded: dict[types.CodeType, dict[str, Any]] = {}  # code: the globals it ran with, already in seen
+    functions: dict[Any, None] = {}  # built-in functions of a module (torch.softmax) already in seen
 
     def collector(phase: str, info: dict[str, int]) -> None:
-        collecting[0] = phase == "start"
+        if (phase == "start") is not collecting[0]:
+            collecting[0] = not collecting[0]
+            quiet[0] += 1 if collecting[0] else -1
 
+    # a profiler runs on every call and return of the learner's code: the common events leave first
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        if frame.f_code is _FIND_AND_LOAD and event in ("call", "return"):
-            importing[0] += 1 if event == "call" else -1
-        if not listening[0] or importing[0] or collecting[0]:
-            return
-        if event == "call" and frame.f_globals is not owner:
-            # the checks' own frames are left out, unless the learner called one: they compute answers too
-            if not _is_checks_code(frame.f_globals) or _called_by_learner(frame, owner):
-                seen[(str(frame.f_globals.get("__name__", "")), frame.f_code.co_name)] = None
-        elif event == "c_call":
+        if event == "c_call":
+            if quiet[0] or arg in functions:
+                return
             module, name = str(getattr(arg, "__module__", "") or ""), str(getattr(arg, "__name__", ""))
-            if module.startswith("torch._ops") and not name:  # an overload, torch.ops.aten.softmax.int
+            if not name and module.startswith("torch._ops"):  # an overload, torch.ops.aten.softmax.int
                 name = repr(frame.f_locals.get("self"))[:80]
             seen[(module, name)] = None
+            if isinstance(getattr(arg, "__self__", None), types.ModuleType):  # not a method of a tensor
+                functions[arg] = None
+        elif event == "c_return":
+            return
+        elif event == "call":
+            code, namespace = frame.f_code, frame.f_globals
+            if code is _FIND_AND_LOAD:
+                quiet[0] += 1
+            elif quiet[0] or namespace is owner or recorded.get(code) is namespace:
+                return
+            elif not _is_checks_code(namespace):
+                seen[(str(namespace.get("__name__", "")), code.co_name)] = None
+                recorded[code] = namespace
+            elif _called_by_learner(frame, owner):
+                # the checks' own frames are left out, unless the learner called one: they compute answers too
+                seen[(str(namespace.get("__name__", "")), code.co_name)] = None
+        elif event == "return" and frame.f_code is _FIND_AND_LOAD:
+            quiet[0] -= 1
 
     value, error, canary = None, None, False
     devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
@@ -360,7 +388,7 @@ def execute(fn: Callable[..., Any], call: Call, seed: int = 0, driver: Driver | 
         except Exception as exception:  # the learner's code may raise anything
             error = exception
         finally:
-            listening[0] = False
+            quiet[0] += 1
             intact = _GETPROFILE() is profile
             _SETPROFILE(previous)
             if collector in gc.callbacks:  # (the learner's code may have emptied the list)
@@ -426,6 +454,7 @@ def raised_at(error: BaseException, owner: dict[str, Any] | None) -> str:
 # --- the course's own answers, and what a function may not call
 
 
+@functools.lru_cache(maxsize=4096)  # asked for each function that each call observed: a few hundred names
 def is_answer_module(module: str) -> bool:
     """Whether ``module`` holds answers: the reference solutions, a library module they re-export, or the
     checks (whose rows compute the right answers)."""

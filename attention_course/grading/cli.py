@@ -70,6 +70,13 @@ def student_id_problem(student: str) -> str:
     return ""
 
 
+def file_stem(student: str) -> str:
+    """A file name for ``student``'s feedback page: the characters of a portable file name only (two students
+    whose names give the same stem are refused by :func:`scan_submissions`)."""
+    kept = "".join(c if c.isalnum() or c in "-_." else "_" for c in student).strip(".")
+    return kept or "_"
+
+
 def scan_submissions(paths: Sequence[Path], assignment_id: str) -> Scan:
     """The notebooks to grade under ``paths``, each with its student id, and what was refused.
 
@@ -85,8 +92,6 @@ def scan_submissions(paths: Sequence[Path], assignment_id: str) -> Scan:
     Raises:
         FileNotFoundError: if a path does not exist.
     """
-    from attention_course.grading.feedback import file_stem
-
     scan = Scan()
     candidates: list[tuple[str, Path]] = []  # (student, notebook)
     for path in paths:

@@ -28,6 +28,7 @@ import jinja2
 import markupsafe
 
 from attention_course.checks import engine
+from attention_course.grading.cli import file_stem
 from attention_course.grading.notebooks import CellResult
 from attention_course.grading.options import Mode
 from attention_course.grading.submission import STATUSES, SubmissionResult
@@ -269,12 +270,6 @@ def markdown_page(result: SubmissionResult) -> str:
         fence = _fence(cell.text)
         lines += [cell.text] if cell.withheld else [f"{fence}text", cell.text, fence]
     return "\n".join(lines) + "\n"
-
-
-def file_stem(student: str) -> str:
-    """A file name for ``student``'s page: the characters of a portable file name only."""
-    kept = "".join(c if c.isalnum() or c in "-_." else "_" for c in student).strip(".")
-    return kept or "_"
 
 
 def write_feedback(
