@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -174,6 +175,26 @@ def test_the_command_grades_the_others_and_lists_what_it_refused(tmp_path, capsy
     assert list(report["refused"]) == ["thief"]
     assert "not graded: thief" in capsys.readouterr().out
     assert not (out / "feedback" / "thief.html").exists()
+
+
+def test_the_installed_command_exits_with_everything_written(tmp_path):
+    """``attention-grade`` leaves without the interpreter's teardown (os._exit, after the exit handlers): its
+    status, its console summary and its reports all arrive; a usage error still exits with 2."""
+    command = Path(sys.executable).with_name("attention-grade")
+    if not command.is_file():
+        pytest.skip(f"the course is not installed with its console script beside {sys.executable}")
+    submitted = tmp_path / "submitted"
+    submit(submitted, "ada")
+    out = tmp_path / "report"
+    arguments = [ASSIGNMENT, str(submitted), "--out", str(out), "--course", str(ROOT), "--jobs", "1"]
+    done = subprocess.run([command, *arguments], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 submission(s) in" in done.stdout and done.stdout.endswith("\n"), done.stdout[-500:]
+    assert json.loads((out / "report.json").read_text())["submissions"][0]["score"] == 15
+    assert (out / "feedback" / "ada.html").is_file()
+    (tmp_path / "empty").mkdir()
+    refused = subprocess.run([command, ASSIGNMENT, str(tmp_path / "empty")], capture_output=True, text=True)
+    assert refused.returncode == 2 and "no notebooks found" in refused.stderr
 
 
 def test_a_notebook_with_too_many_cells_is_refused_before_it_is_parsed(tmp_path):

@@ -28,6 +28,7 @@ batch on an executor), :mod:`~attention_course.grading.cluster` (the executor: t
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import os
 import sys
@@ -214,5 +215,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().error(str(error))
 
 
+def command_line() -> None:
+    """The ``attention-grade`` command: :func:`main`, then an exit without the interpreter's teardown.
+
+    Once :func:`main` has returned, every report, page and gradebook entry is written and closed; what is left
+    is the interpreter's clean-up of torch's and nbgrader's modules, 0.4-0.7 s on a 2-core machine. So the
+    exit handlers run (``atexit``: the grader's scratch folders are removed), the standard streams are
+    flushed, and the process ends at once. An error (a usage error included) ends it the usual way.
+    """
+    status = main()
+    atexit._run_exitfuncs()  # what the interpreter runs first at an exit, before tearing the modules down
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    command_line()
