@@ -76,6 +76,11 @@ TRICKS = {
         "passes softmax",
     ),
     "a Tensor method": ("import torch\nys = sorted([1], key=torch.Tensor.softmax)", 2, "Tensor.softmax"),
+    "an operator's C function": (
+        "import torch\ny = torch.ops.aten._softmax.default._op(x, -1, False)",
+        2,
+        "operator's C function",
+    ),
 }
 
 

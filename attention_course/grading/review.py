@@ -29,7 +29,9 @@ cells, which the grader restores from the assignment) and reports:
   left behind are not the learner's calls);
 - assignments to an attribute of an imported module or name (``recorder.execute = ...``, ``torch.exp = ...``);
 - a built-in (a C function) passed as a value rather than called, whose name a "from scratch" rule of the
-  course forbids (``map(torch.softmax, ...)``, ``functools.partial(F.scaled_dot_product_attention)``).
+  course forbids (``map(torch.softmax, ...)``, ``functools.partial(F.scaled_dot_product_attention)``);
+- a PyTorch operator's C function called directly (``torch.ops.aten._softmax.default._op(...)``): the
+  profiler names an operator by the overload that calls it, and this call has none.
 
 It never runs the code. It can miss what it cannot read (code built from strings at run time is itself a
 finding, through ``exec`` or ``getattr``) and can flag honest code that uses these tools; hence "needs
@@ -284,6 +286,8 @@ def review(notebook: NotebookNode) -> list[Finding]:
                         node,
                         f"uses {node.attr}, which reaches objects (the recorder's too) without naming them",
                     )
+                elif node.attr == "_op":
+                    found(node, "calls a PyTorch operator's C function directly, unnamed to the profiler")
                 elif dotted and aliases.get(dotted.split(".")[0]) == "sys" and node.attr in SYS_ATTRIBUTES:
                     found(node, f"uses sys.{node.attr}, which reaches the recorder's machinery")
                 elif node.attr in HOOKS - {"register"} or (
