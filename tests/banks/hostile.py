@@ -271,6 +271,17 @@ FROM_C_SOFTMAX = _code(
         return next(map(torch.softmax, [x], [dim]))
     """
 )
+# a PyTorch operator's C function called directly: the profiler sees the call without the operator's name
+# (it names an operator by the overload that calls its C function), so the review lists the line
+OPERATOR_SOFTMAX = _code(
+    """
+    import torch
+
+
+    def softmax(x, dim=-1):
+        return torch.ops.aten._softmax.default._op(x, dim, False)
+    """
+)
 REVIEWED = FULL - 2
 AFTER_SOFTMAX_TESTS = "after:softmax_from_scratch"
 
@@ -382,6 +393,12 @@ HOSTILE: tuple[Hostile, ...] = (
     ),
     Hostile("kills-every-process", FULL, cells=((AFTER_SOFTMAX_TESTS, "import os\n\nos.kill(-1, 9)"),)),
     Hostile("calls-softmax-from-c", REVIEWED, message="needs review", functions={"softmax": FROM_C_SOFTMAX}),
+    Hostile(
+        "calls-the-softmax-operator-directly",
+        REVIEWED,
+        message="needs review",
+        functions={"softmax": OPERATOR_SOFTMAX},
+    ),
     Hostile(
         "hooks-ipython-events",
         REVIEWED,
